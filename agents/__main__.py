@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Pipeline (default %(default)s)",
     )
     work.add_argument(
+        "--fuse",
+        default=None,
+        metavar="GROUPS",
+        help="with --pipeline dlrm, run neighbouring stages in one worker, e.g. "
+        "read+parse+transform+collate (fewer hand-offs; pays on hosts with few cores, see "
+        "docs/benchmarks.md); groups separated by commas",
+    )
+    work.add_argument(
         "--train",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -114,12 +122,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_pipeline(spec: str) -> Any:
-    """Build the pipeline named by ``spec``: ``dlrm`` or ``module:factory``."""
+def load_pipeline(spec: str, fuse: str | None = None) -> Any:
+    """Build the pipeline named by ``spec``: ``dlrm`` (fused as ``fuse`` says) or
+    ``module:factory``."""
     if spec == "dlrm":
         from agents.dlrm import build_pipeline
 
-        return build_pipeline()
+        try:
+            return build_pipeline(fuse=fuse)
+        except ValueError as exc:
+            raise SystemExit(f"--fuse {fuse}: {exc}") from exc
+    if fuse:
+        raise SystemExit(
+            "--fuse applies to --pipeline dlrm; a module:factory pipeline fuses its own stages "
+            "(agents.pipeline.fuse_groups)"
+        )
     module_name, sep, factory_name = spec.partition(":")
     if not sep or not module_name or not factory_name:
         raise SystemExit(
@@ -231,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Who we are first: a missing token should not wait for a dataset to be generated.
     state, state_dir = resolve_identity(args)
-    pipeline = load_pipeline(args.pipeline)
+    pipeline = load_pipeline(args.pipeline, args.fuse)
     first_seq = max(time.time_ns() // 10**6, state.last_seq + 1)
 
     last_saved = [0.0]

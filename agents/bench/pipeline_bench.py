@@ -6,6 +6,7 @@ workers inherit it) and returns plain dicts, so the command can print, save and 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import threading
@@ -15,12 +16,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from agents.dlrm import build_pipeline
 from agents.dlrm.generate import load_index
 from agents.dlrm.stages import Transform, chunk_tasks, collate, parse, read
-from agents.pipeline import Pipeline
+from agents.pipeline import Pipeline, Stage, fuse_groups, heap
 
 PROCESS_STAGES = ["read", "parse", "transform", "collate"]
+
+# The stage layouts the scaling benchmark tries: one process per stage, two fused halves, and
+# every step in one worker (the layout of DataLoader's workers). None: no fusion.
+LAYOUTS: dict[str, str | None] = {
+    "staged": None,
+    "halves": "read+parse,transform+collate",
+    "fused": "read+parse+transform+collate",
+}
+
+
+def layout_stages(fuse: str | None) -> list[str]:
+    """The process stages of the DLRM pipeline under a fusion layout."""
+    return [s.name for s in fuse_groups([Stage(n, str) for n in PROCESS_STAGES], fuse)]
 
 
 @contextmanager
@@ -49,7 +65,7 @@ def consume_rate(batches: Iterator[Any], seconds: float, warmup: float) -> float
 
 
 def sequential_rate(data_dir: Path, seconds: float, table_sizes: Any = None) -> float:
-    """Batches per second of the whole preprocessing in one loop on one core: one worker."""
+    """Batches per second of the whole preprocessing in one loop in this process."""
     tasks = chunk_tasks(data_dir, load_index(data_dir))
     transform = Transform(tuple(table_sizes)) if table_sizes else Transform()
 
@@ -61,11 +77,39 @@ def sequential_rate(data_dir: Path, seconds: float, table_sizes: Any = None) -> 
     return consume_rate(endless(), seconds, warmup=min(1.0, seconds / 3))
 
 
+def _one_worker(data_dir: Path, seconds: float, core: int, keep_heap: bool, out: Any) -> None:
+    os.sched_setaffinity(0, [core])
+    torch.set_num_threads(1)
+    if keep_heap:
+        heap.keep_freed_memory()
+    out.put(sequential_rate(data_dir, seconds))
+
+
+def one_worker_rate(data_dir: Path, seconds: float, core: int, keep_heap: bool = True) -> float:
+    """Batches per second of one worker: the whole preprocessing in one loop, on one core,
+    in a fresh process set up as the pipeline sets up its workers (one torch thread, the
+    heap kept): the ideal's unit, free of any hand-off."""
+    context = multiprocessing.get_context("fork")
+    out = context.SimpleQueue()
+    worker = context.Process(target=_one_worker, args=(data_dir, seconds, core, keep_heap, out))
+    worker.start()
+    worker.join()
+    if worker.exitcode != 0:
+        raise RuntimeError(f"the one-worker measurement exited with code {worker.exitcode}")
+    return out.get()
+
+
 def pipeline_rate(
-    data_dir: Path, batch_size: int, allocation: dict[str, int], seconds: float, warmup: float
+    data_dir: Path,
+    batch_size: int,
+    allocation: dict[str, int],
+    seconds: float,
+    warmup: float,
+    fuse: str | None = None,
 ) -> tuple[float, list[dict]]:
-    """Batches per second of the DLRM pipeline at ``allocation``, and its stage metrics."""
-    pipeline = build_pipeline(data_dir, batch_size=batch_size, workers=allocation)
+    """Batches per second of the DLRM pipeline (fused as ``fuse`` says) at ``allocation``,
+    and its stage metrics."""
+    pipeline = build_pipeline(data_dir, batch_size=batch_size, workers=allocation, fuse=fuse)
     with pipeline:
         batches = iter(pipeline)
         rate = consume_rate(batches, seconds, warmup)
@@ -80,19 +124,22 @@ def best_allocation(
     seconds: float,
     warmup: float,
     log: Callable[[str], None],
+    fuse: str | None = None,
 ) -> dict[str, Any]:
     """Climb from one worker per stage, adding a worker to the busiest stage each step.
 
-    The best allocation found for ``cores`` cores, with every allocation tried (as tf.data's
-    autotuner and our ``hillclimb`` baseline do, but measured, not modelled).
+    The best allocation found for ``cores`` cores under a fusion layout, with every
+    allocation tried (as tf.data's autotuner and our ``hillclimb`` baseline do, but
+    measured, not modelled).
     """
-    allocation = {name: 1 for name in PROCESS_STAGES}
+    stages = layout_stages(fuse)
+    allocation = {name: 1 for name in stages}
     tried = []
     best: dict[str, Any] | None = None
-    budget = cores + len(PROCESS_STAGES)  # the agent's default worker budget, less prefetch
+    budget = cores + len(stages)  # the agent's default worker budget, less prefetch
     while True:
-        rate, metrics = pipeline_rate(data_dir, batch_size, allocation, seconds, warmup)
-        tried.append({"allocation": dict(allocation), "batches_per_s": rate})
+        rate, metrics = pipeline_rate(data_dir, batch_size, allocation, seconds, warmup, fuse)
+        tried.append({"fuse": fuse, "allocation": dict(allocation), "batches_per_s": rate})
         log(f"  {cores} core(s) {allocation}: {rate * batch_size:,.0f} samples/s")
         if best is None or rate > best["batches_per_s"]:
             best = tried[-1]
@@ -113,23 +160,34 @@ def scaling(
     warmup: float,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Best samples/s for 1..N cores against N x one worker's rate on one core."""
-    with on_cores(cores[:1]):
-        one = sequential_rate(data_dir, seconds)
+    """Best samples/s for 1..N cores, over every layout, against N x one worker's rate on
+    one core; with each layout's own best, so the cost of keeping every stage apart shows."""
+    one = one_worker_rate(data_dir, seconds, cores[0])
     log(f"one worker, one core: {one * batch_size:,.0f} samples/s")
     rows = []
     for n in range(1, len(cores) + 1):
-        with on_cores(cores[:n]):
-            found = best_allocation(data_dir, batch_size, n, seconds, warmup, log)
-        rate = found["best"]["batches_per_s"]
+        per_layout, tried = {}, []
+        for layout, fuse in LAYOUTS.items():
+            log(f"  layout {layout}")
+            with on_cores(cores[:n]):
+                found = best_allocation(data_dir, batch_size, n, seconds, warmup, log, fuse)
+            per_layout[layout] = found["best"]
+            tried += found["tried"]
+        layout = max(per_layout, key=lambda name: per_layout[name]["batches_per_s"])
+        rate = per_layout[layout]["batches_per_s"]
         rows.append(
             {
                 "cores": n,
-                "allocation": found["best"]["allocation"],
+                "layout": layout,
+                "fuse": LAYOUTS[layout],
+                "allocation": per_layout[layout]["allocation"],
                 "samples_per_s": rate * batch_size,
                 "ideal_samples_per_s": n * one * batch_size,
                 "of_ideal": rate / (n * one),
-                "tried": found["tried"],
+                "of_ideal_by_layout": {
+                    name: best["batches_per_s"] / (n * one) for name, best in per_layout.items()
+                },
+                "tried": tried,
             }
         )
     return {"one_worker_samples_per_s": one * batch_size, "rows": rows}
@@ -150,8 +208,18 @@ class _ChunkDataset:
         return collate(self.transform(parse(read(self.tasks[i % len(self.tasks)]))))
 
 
-def dataloader_rate(data_dir: Path, workers: int, seconds: float, warmup: float) -> float:
-    """Batches per second of ``torch.utils.data.DataLoader`` with ``workers`` workers."""
+def _keep_heap(worker_id: int) -> None:
+    heap.keep_freed_memory()
+
+
+def dataloader_rate(
+    data_dir: Path, workers: int, seconds: float, warmup: float, keep_heap: bool = True
+) -> float:
+    """Batches per second of ``torch.utils.data.DataLoader`` with ``workers`` workers.
+
+    ``keep_heap`` gives its workers the heap setting the pipeline's workers have (through
+    ``worker_init_fn``), so that the comparison is of the two runtimes, not of allocators.
+    """
     import warnings
 
     from torch.utils.data import DataLoader
@@ -165,6 +233,7 @@ def dataloader_rate(data_dir: Path, workers: int, seconds: float, warmup: float)
         num_workers=workers,
         prefetch_factor=4,
         persistent_workers=False,
+        worker_init_fn=_keep_heap if keep_heap else None,
     )
     batches = iter(loader)
     try:
@@ -181,9 +250,14 @@ def against_dataloader(
     seconds: float,
     warmup: float,
     log: Callable[[str], None],
+    fuse: str | None = None,
 ) -> dict:
     """The pipeline at a fixed allocation and DataLoader at its best num_workers, same cores,
-    measured alternately (twice each) so a shared machine's load falls on both alike."""
+    measured alternately (twice each) so a shared machine's load falls on both alike.
+
+    DataLoader's workers get the pipeline workers' heap setting; it is also measured once
+    as it comes (the allocator's defaults), for reference.
+    """
     with on_cores(cores):
         loader = {}
         for workers in range(1, len(cores) + 2):
@@ -194,7 +268,7 @@ def against_dataloader(
         best_workers = max(loader, key=loader.get)
         ours, theirs = [], [loader[best_workers]]
         for _ in range(2):
-            ours.append(pipeline_rate(data_dir, batch_size, allocation, seconds, warmup)[0])
+            ours.append(pipeline_rate(data_dir, batch_size, allocation, seconds, warmup, fuse)[0])
             log(f"  pipeline {allocation}: {ours[-1] * batch_size:,.0f} samples/s")
             if len(theirs) < 2:
                 theirs.append(dataloader_rate(data_dir, best_workers, seconds, warmup))
@@ -202,16 +276,24 @@ def against_dataloader(
                     f"  DataLoader num_workers={best_workers}: "
                     f"{theirs[-1] * batch_size:,.0f} samples/s"
                 )
+        as_shipped = dataloader_rate(data_dir, best_workers, seconds, warmup, keep_heap=False)
+        log(
+            f"  DataLoader num_workers={best_workers}, allocator defaults: "
+            f"{as_shipped * batch_size:,.0f} samples/s"
+        )
     pipeline_sps = statistics.mean(ours) * batch_size
     loader_sps = statistics.mean(theirs) * batch_size
     return {
         "cores": len(cores),
+        "fuse": fuse,
         "allocation": allocation,
         "pipeline_samples_per_s": pipeline_sps,
         "dataloader_num_workers": best_workers,
         "dataloader_samples_per_s": loader_sps,
         "dataloader_sweep": {w: r * batch_size for w, r in loader.items()},
         "ratio": pipeline_sps / loader_sps,
+        "dataloader_default_heap_samples_per_s": as_shipped * batch_size,
+        "ratio_to_default_heap": pipeline_sps / (as_shipped * batch_size),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -18,9 +19,9 @@ from typing import Any
 import torch  # noqa: F401
 
 from agents.dlrm.generate import INDEX_FILE, DatasetSpec, generate, load_index
-from agents.dlrm.schema import DEFAULT_TABLE_SIZES, STAGE_NAMES
+from agents.dlrm.schema import DEFAULT_TABLE_SIZES
 from agents.dlrm.stages import Prefetch, ReadTask, Transform, chunk_tasks, collate, parse, read
-from agents.pipeline import Pipeline, Stage
+from agents.pipeline import Pipeline, Stage, fuse_groups
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def build_pipeline(
     rows: int | None = None,
     compress: bool = True,
     max_workers: int | None = None,
+    fuse: str | Sequence[str] | None = None,
     **options: Any,
 ) -> Pipeline:
     """Build the DLRM ingestion pipeline over a Criteo-format dataset.
@@ -84,8 +86,29 @@ def build_pipeline(
     once in ``cache_dir()``. A batch is one chunk of the dataset, so ``batch_size`` must match
     the dataset's ``rows_per_chunk``. ``epochs=None`` cycles over the data until stopped.
     Stages: read, parse, transform, collate (processes) and prefetch (a thread that hands the
-    batch to ``device``). Extra ``options`` go to ``Pipeline``.
+    batch to ``device``). ``fuse`` runs neighbouring stages in one worker
+    (``"read+parse+transform+collate"``; see ``agents.pipeline.fusion``); ``workers`` then
+    names the fused stage. Extra ``options`` go to ``Pipeline``.
     """
+    # The stages first: a wrong fusion or count is refused before any data is generated.
+    transform = Transform(tuple(table_sizes or DEFAULT_TABLE_SIZES), multi_hot)
+    stages = [
+        Stage("read", read, max_workers=max_workers),
+        Stage("parse", parse, max_workers=max_workers),
+        Stage("transform", transform, max_workers=max_workers),
+        Stage("collate", collate, max_workers=max_workers),
+        # A thread: it unpacks the batch where the trainer lives and moves it to the device.
+        Stage("prefetch", Prefetch(device), kind="thread", max_workers=min(max_workers or 4, 4)),
+    ]
+    stages = fuse_groups(stages, fuse)
+    names = [s.name for s in stages]
+    unknown = sorted(set(workers or {}) - set(names))
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; this DLRM pipeline's stages are {names}")
+    # replace() runs the stage's own checks on the count.
+    stages = [
+        dataclasses.replace(s, workers=(workers or {}).get(s.name, s.workers)) for s in stages
+    ]
     if data_dir is None:
         data_dir = ensure_dataset(rows, batch_size, seed, compress)
     index = load_index(data_dir)
@@ -97,26 +120,6 @@ def build_pipeline(
             f"{batch_size}"
         )
     tasks = chunk_tasks(data_dir, index)
-    counts = {name: 1 for name in STAGE_NAMES}
-    counts.update(workers or {})
-    unknown = sorted(set(counts) - set(STAGE_NAMES))
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; the DLRM stages are {STAGE_NAMES}")
-    transform = Transform(tuple(table_sizes or DEFAULT_TABLE_SIZES), multi_hot)
-    stages = [
-        Stage("read", read, counts["read"], max_workers=max_workers),
-        Stage("parse", parse, counts["parse"], max_workers=max_workers),
-        Stage("transform", transform, counts["transform"], max_workers=max_workers),
-        Stage("collate", collate, counts["collate"], max_workers=max_workers),
-        # A thread: it unpacks the batch where the trainer lives and moves it to the device.
-        Stage(
-            "prefetch",
-            Prefetch(device),
-            counts["prefetch"],
-            kind="thread",
-            max_workers=min(max_workers or 4, 4),
-        ),
-    ]
     return Pipeline(
         lambda: _source(tasks, epochs),
         stages,

@@ -39,6 +39,9 @@ class Pipeline:
       this process may use), re-planned at each ``apply()``; a list of CPU ids pins to those.
     - ``samples_per_item``: samples in one item (a batch's size), for samples/s figures.
     - ``start_method``: multiprocessing start method (default ``fork`` where available).
+    - ``keep_worker_heap``: worker processes reuse the memory they free rather than map it
+      afresh for every item (``agents.pipeline.heap``); ``False`` keeps the allocator's
+      defaults.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Pipeline:
         pin_cpus: bool | list[int] = False,
         samples_per_item: int = 1,
         start_method: str | None = None,
+        keep_worker_heap: bool = True,
     ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -68,6 +72,7 @@ class Pipeline:
         self.name = name
         self.pin_cpus = pin_cpus
         self.samples_per_item = samples_per_item
+        self.keep_worker_heap = keep_worker_heap
         self.ordered = all(s.ordered for s in stages)
         methods = multiprocessing.get_all_start_methods()
         self._context = multiprocessing.get_context(
@@ -119,6 +124,7 @@ class Pipeline:
                         self._context,
                         self._stop,
                         self._prefix if use_shm else None,
+                        self.keep_worker_heap,
                     )
                 )
             self._plan_pinning(self._targets)

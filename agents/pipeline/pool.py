@@ -49,6 +49,7 @@ class StagePool:
         context: Any,
         stop: Any,
         pack_prefix: str | None,
+        keep_heap: bool = True,
     ) -> None:
         self.stage = stage
         self.in_queue = in_queue
@@ -56,6 +57,7 @@ class StagePool:
         self.context = context
         self.stop_flag = stop
         self.pack_prefix = pack_prefix
+        self.keep_heap = keep_heap
         # Room for a full pool and as many retiring workers again, twice over.
         self.slots = 4 * stage.ceiling
         self.counters = context.RawArray("d", self.slots * WIDTH)
@@ -113,6 +115,7 @@ class StagePool:
             shm_min_bytes=self.stage.shm_min_bytes,
             cpu_affinity=self.affinity,
             parent_pid=os.getpid(),
+            keep_heap=self.keep_heap,
         )
         name = f"intune-{self.stage.name}-{slot}"
         if in_process:

@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,15 +33,27 @@ _counter = itertools.count()
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-@dataclass(frozen=True)
-class _Slot:
+# Placeholders are named tuples, not dataclasses: a batch may hold dozens of them, and a
+# dataclass costs ten times more to pickle, on both sides of the queue.
+class _Slot(NamedTuple):
     """Where one buffer of a packet lies in the shared file, and how to rebuild it."""
 
-    kind: str  # "numpy", "torch" or "bytes"
+    kind: str  # "numpy", "torch", "bytes", or "storage" (what _View placeholders look into)
     offset: int
     nbytes: int
     dtype: str
     shape: tuple[int, ...]
+
+
+class _View(NamedTuple):
+    """A tensor that is a view of a storage shipped once for all its views (``unbind()``,
+    ``split()``): rebuilt as a view again, so the receiver makes one copy, not one per view."""
+
+    storage: _Slot
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
 
 
 @dataclass(frozen=True)
@@ -163,27 +175,48 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
     """Return ``obj`` with its buffers moved to shared memory, or ``obj`` itself when small.
 
     ``prefix`` names the owner of the file (a pipeline), so that ``sweep(prefix)`` can remove
-    what no receiver took when the pipeline stops.
+    what no receiver took when the pipeline stops. A buffer that appears twice is shipped
+    once and comes back as one object; tensors that are views of one storage are shipped as
+    that storage and come back as views of one copy of it.
     """
     found: list = []
     _buffers(obj, found)
-    total = sum(_nbytes(b) for b in found)
+    total = sum(_nbytes(b) for b in {id(b): b for b in found}.values())
     if total < min_bytes:
         return obj
-    layout: dict[int, _Slot] = {}
+    layout: dict[int, _Slot | _View] = {}
+    storages: dict[int, tuple[_Slot, Any]] = {}  # data_ptr -> slot, uint8 tensor over it
     offset = 0
+
+    def place(nbytes: int, kind: str, dtype: str, shape: tuple) -> _Slot:
+        nonlocal offset
+        slot = _Slot(kind, offset, nbytes, dtype, shape)
+        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        return slot
+
+    shared = _shared_storages(found)
     for buf in found:
         if id(buf) in layout:
             continue
         nbytes = _nbytes(buf)
         if isinstance(buf, bytes | bytearray):
-            slot = _Slot("bytes", offset, nbytes, "uint8", (nbytes,))
+            layout[id(buf)] = place(nbytes, "bytes", "uint8", (nbytes,))
         elif isinstance(buf, np.ndarray):
-            slot = _Slot("numpy", offset, nbytes, buf.dtype.str, tuple(buf.shape))
+            layout[id(buf)] = place(nbytes, "numpy", buf.dtype.str, tuple(buf.shape))
+        elif buf.untyped_storage().data_ptr() in shared:
+            storage = buf.untyped_storage()
+            if storage.data_ptr() not in storages:
+                whole = _torch().empty(0, dtype=_torch().uint8).set_(storage)
+                storages[storage.data_ptr()] = (
+                    place(storage.nbytes(), "storage", "uint8", (storage.nbytes(),)),
+                    whole,
+                )
+            slot = storages[storage.data_ptr()][0]
+            layout[id(buf)] = _View(
+                slot, str(buf.dtype), tuple(buf.shape), tuple(buf.stride()), buf.storage_offset()
+            )
         else:
-            slot = _Slot("torch", offset, nbytes, str(buf.dtype), tuple(buf.shape))
-        layout[id(buf)] = slot
-        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            layout[id(buf)] = place(nbytes, "torch", str(buf.dtype), tuple(buf.shape))
     pooled = _pooled_file(prefix, offset)
     if pooled is not None:
         path, size, region = pooled
@@ -194,9 +227,12 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
         region = _create(path, size)
         base = 0
     try:
-        view = np.frombuffer(region, dtype=np.uint8)[base:]
-        for buf in found:
-            slot = layout[id(buf)]
+        view, target = np.frombuffer(region, dtype=np.uint8)[base:], None
+        copies = [(layout[id(b)], b) for b in {id(b): b for b in found}.values()]
+        copies += list(storages.values())
+        for slot, buf in copies:
+            if isinstance(slot, _View):
+                continue  # its storage is copied once, below
             target = view[slot.offset : slot.offset + slot.nbytes]
             if isinstance(buf, bytes | bytearray):
                 target[:] = np.frombuffer(buf, dtype=np.uint8)
@@ -213,7 +249,27 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
     return SharedPacket(path, size, _skeleton(obj, layout), pooled is not None)
 
 
-def _skeleton(obj: Any, layout: dict[int, _Slot]) -> Any:
+def _shared_storages(found: list) -> set[int]:
+    """The storages worth shipping whole: those several of the tensors found are views of,
+    and that those views mostly cover (a small slice of a big tensor is shipped alone)."""
+    torch = _torch()
+    if torch is None:
+        return set()
+    views: dict[int, dict[int, Any]] = {}
+    for buf in found:
+        if isinstance(buf, torch.Tensor) and buf.numel() > 0:
+            views.setdefault(buf.untyped_storage().data_ptr(), {})[id(buf)] = buf
+    shared = set()
+    for ptr, tensors in views.items():
+        if len(tensors) < 2:
+            continue
+        storage_bytes = next(iter(tensors.values())).untyped_storage().nbytes()
+        if 2 * sum(_nbytes(t) for t in tensors.values()) >= storage_bytes:
+            shared.add(ptr)
+    return shared
+
+
+def _skeleton(obj: Any, layout: dict[int, _Slot | _View]) -> Any:
     if id(obj) in layout:
         return layout[id(obj)]
     if isinstance(obj, dict):
@@ -264,32 +320,53 @@ def _unpack_pooled(packet: SharedPacket) -> Any:
     return result
 
 
-def _rebuild(skeleton: Any, view: np.ndarray, copy: bool = False) -> Any:
-    if isinstance(skeleton, _Slot):
-        raw = view[skeleton.offset : skeleton.offset + skeleton.nbytes]
-        if skeleton.kind == "bytes":
-            return raw.tobytes()
-        if skeleton.kind == "numpy":
-            array = raw.view(np.dtype(skeleton.dtype)).reshape(skeleton.shape)
-            return array.copy() if copy else array
-        torch = _torch()
-        if torch is None:  # the receiver never imported torch; it needs it for a tensor
-            import torch
-        dtype = getattr(torch, skeleton.dtype.removeprefix("torch."))
-        if skeleton.nbytes == 0:  # torch.frombuffer refuses an empty buffer
-            return torch.empty(skeleton.shape, dtype=dtype)
-        if copy:
-            tensor = torch.empty(skeleton.shape, dtype=dtype)
-            tensor.view(-1).view(torch.uint8).numpy()[:] = raw
-            return tensor
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(skeleton.shape)
+def _rebuild(skeleton: Any, view: np.ndarray, copy: bool = False, memo: dict | None = None):
+    memo = {} if memo is None else memo
+    if isinstance(skeleton, _Slot | _View):
+        # A buffer placed once comes back as one object, however often the result holds it.
+        if skeleton not in memo:
+            memo[skeleton] = _rebuild_buffer(skeleton, view, copy, memo)
+        return memo[skeleton]
     if isinstance(skeleton, dict):
-        return {k: _rebuild(v, view, copy) for k, v in skeleton.items()}
+        return {k: _rebuild(v, view, copy, memo) for k, v in skeleton.items()}
     if isinstance(skeleton, list):
-        return [_rebuild(v, view, copy) for v in skeleton]
+        return [_rebuild(v, view, copy, memo) for v in skeleton]
     if isinstance(skeleton, tuple):
-        return tuple(_rebuild(v, view, copy) for v in skeleton)
+        return tuple(_rebuild(v, view, copy, memo) for v in skeleton)
     return skeleton
+
+
+def _rebuild_buffer(slot: _Slot | _View, view: np.ndarray, copy: bool, memo: dict) -> Any:
+    if isinstance(slot, _View):
+        storage = _rebuild(slot.storage, view, copy, memo)
+        dtype = _torch_dtype(slot.dtype)
+        return (
+            _torch()
+            .empty(0, dtype=dtype)
+            .set_(storage.untyped_storage(), slot.storage_offset, slot.shape, slot.stride)
+        )
+    raw = view[slot.offset : slot.offset + slot.nbytes]
+    if slot.kind == "bytes":
+        return raw.tobytes()
+    if slot.kind == "numpy":
+        array = raw.view(np.dtype(slot.dtype)).reshape(slot.shape)
+        return array.copy() if copy else array
+    dtype = _torch_dtype(slot.dtype)
+    torch = _torch()
+    if slot.nbytes == 0:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(slot.shape, dtype=dtype)
+    if copy:
+        tensor = torch.empty(slot.shape, dtype=dtype)
+        tensor.view(-1).view(torch.uint8).numpy()[:] = raw
+        return tensor
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(slot.shape)
+
+
+def _torch_dtype(name: str) -> Any:
+    torch = _torch()
+    if torch is None:  # the receiver never imported torch; it needs it for a tensor
+        import torch
+    return getattr(torch, name.removeprefix("torch."))
 
 
 def discard(packet: SharedPacket) -> None:

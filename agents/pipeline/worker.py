@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.pipeline import shm
+from agents.pipeline import heap, shm
 
 # How often a waiting worker looks at its retire and stop flags. It bounds how long a retired
 # worker lingers, not how fast items flow (a waiting get() returns as soon as an item comes).
@@ -53,6 +53,7 @@ class WorkerSpec:
     shm_min_bytes: int
     cpu_affinity: list[int] | None
     parent_pid: int
+    keep_heap: bool = True  # see agents.pipeline.heap
 
 
 def run_worker(spec: WorkerSpec) -> None:
@@ -121,6 +122,8 @@ def _settle_process(spec: WorkerSpec) -> None:
     if torch is not None:
         # As DataLoader does: one intra-op thread per worker, or workers fight over the cores.
         torch.set_num_threads(1)
+    if spec.keep_heap:
+        heap.keep_freed_memory()
     if spec.cpu_affinity:
         try:
             os.sched_setaffinity(0, spec.cpu_affinity)

@@ -21,6 +21,25 @@ def test_an_operator_registers_a_job_with_its_stages(api, operator):
     assert AuditEntry.objects.filter(action="job.create", job=job, actor=operator).exists()
 
 
+def test_a_fused_stage_is_registered_under_its_joined_name(api, operator):
+    response = api.as_user(operator).post(
+        "/api/v1/jobs/",
+        {"name": "fused", "stages": [{"name": "read+parse+transform"}, {"name": "prefetch"}]},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    assert Job.objects.get(name="fused").stage_names == ["read+parse+transform", "prefetch"]
+
+
+def test_a_stage_name_with_other_punctuation_is_refused(api, operator):
+    response = api.as_user(operator).post(
+        "/api/v1/jobs/", {"name": "odd", "stages": [{"name": "read parse"}]}, format="json"
+    )
+    assert response.status_code == 400
+    assert "'+' (which joins fused stages)" in response.content.decode()
+    assert not Job.objects.filter(name="odd").exists()
+
+
 def test_a_job_name_is_unique(api, operator, make_job):
     make_job(name="taken")
     response = api.as_user(operator).post(

@@ -28,7 +28,7 @@ def test_help_names_every_option():
     )
     assert result.returncode == 0
     options = "--url --host-id --token --pipeline --interval --batch-seconds --buffer-samples"
-    options += " --worker-budget --memory-budget-mb --prometheus-port --no-train --job"
+    options += " --worker-budget --memory-budget-mb --prometheus-port --no-train --job --fuse"
     for option in (options + " --api-token --state-dir").split():
         assert option in result.stdout
 
@@ -71,3 +71,23 @@ def test_a_bad_pipeline_spec_says_what_is_expected(tmp_path):
     )
     assert result.returncode != 0
     assert "cannot import 'no_such_module'" in result.stderr
+
+
+def test_a_fusion_that_cannot_be_made_is_refused_before_anything_runs(tmp_path):
+    identity = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
+    result = run_agent(
+        *identity, "--fuse", "read+transform", "--state-dir", str(tmp_path), seconds=30
+    )
+    assert result.returncode != 0
+    assert "--fuse read+transform" in result.stderr
+    assert "only neighbouring stages fuse" in result.stderr
+
+
+def test_fusion_is_for_the_dlrm_pipeline_only(tmp_path):
+    identity = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
+    result = run_agent(
+        *identity, "--pipeline", "cli_pipelines:build", "--fuse", "a+b",
+        "--state-dir", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "a module:factory pipeline fuses its own stages" in result.stderr

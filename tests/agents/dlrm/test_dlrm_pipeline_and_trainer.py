@@ -3,6 +3,7 @@
 import threading
 import time
 
+import pytest
 import torch
 
 from agents.dlrm import STAGE_NAMES, build_pipeline
@@ -88,3 +89,31 @@ def test_trainer_idle_rises_when_the_pipeline_is_starved_and_falls_when_it_is_no
     assert fed["idle_fraction"] < starved["idle_fraction"] / 2
     assert starved["wait_ms"] > fed["wait_ms"]
     assert fed["throughput"] > starved["throughput"]
+
+
+def test_a_fused_dlrm_pipeline_delivers_the_same_batches_as_the_staged_one(dataset):
+    with build_pipeline(dataset, batch_size=512, epochs=1) as staged:
+        expected = list(staged)
+    fused = build_pipeline(
+        dataset,
+        batch_size=512,
+        epochs=1,
+        fuse="read+parse+transform+collate",
+        workers={"read+parse+transform+collate": 2},
+    )
+    assert fused.stage_names == ["read+parse+transform+collate", "prefetch"]
+    with fused:
+        got = list(fused)
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert torch.equal(mine["dense"], theirs["dense"])
+        assert torch.equal(mine["labels"], theirs["labels"])
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(mine["sparse_values"], theirs["sparse_values"], strict=True)
+        )
+
+
+def test_workers_for_a_stage_fused_away_are_refused_with_the_stages_there_are(dataset):
+    with pytest.raises(ValueError, match=r"unknown stage\(s\) \['parse'\].*'read\+parse'"):
+        build_pipeline(dataset, batch_size=512, fuse="read+parse", workers={"parse": 2})

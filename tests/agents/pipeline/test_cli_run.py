@@ -41,3 +41,17 @@ def test_run_explains_a_pipeline_it_cannot_find():
     done = _run("--pipeline", "nowhere.to.be:found")
     assert done.returncode == 2
     assert "cannot import 'nowhere.to.be'" in done.stderr
+
+
+def test_run_takes_a_fusion_of_the_dlrm_stages_and_allocates_the_fused_stage(tmp_path):
+    out = tmp_path / "result.json"
+    done = _run(
+        "--pipeline", "dlrm", "--option", "fuse=read+parse+transform+collate",
+        "--option", "rows=4096", "--option", "batch_size=512",
+        "--allocation", "read+parse+transform+collate=2",
+        "--seconds", "1", "--warmup", "0.5", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["allocation"] == {"read+parse+transform+collate": 2, "prefetch": 1}
+    assert result["samples_per_s"] > 0

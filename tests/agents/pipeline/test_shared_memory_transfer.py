@@ -67,3 +67,28 @@ def test_stopping_with_results_in_flight_removes_their_files():
     with pipeline:
         next(iter(pipeline))
     assert not glob.glob(f"{shm.SHM_DIR}/{pipeline._prefix}-*")
+
+
+def test_views_of_one_storage_travel_once_and_come_back_as_views_of_one_copy():
+    table = torch.arange(26 * 4096, dtype=torch.int64).reshape(26, 4096)
+    offsets = torch.arange(4096)
+    batch = {"values": list(table.unbind(0)), "offsets": [offsets] * 26}
+    packet = shm.pack(batch, "intune-test")
+    # One storage for the 26 views and one offsets tensor: about 0.9 MB, not 26 copies of each.
+    assert packet.size < 2 * (table.nbytes + offsets.nbytes) + 2**20
+    back = shm.unpack(packet)
+    assert all(torch.equal(a, b) for a, b in zip(back["values"], table.unbind(0), strict=True))
+    storages = {v.untyped_storage().data_ptr() for v in back["values"]}
+    assert len(storages) == 1
+    assert all(o is back["offsets"][0] for o in back["offsets"])  # one object, as sent
+    table.zero_()  # the receiver's copy is its own
+    assert int(back["values"][25][-1]) == 26 * 4096 - 1
+
+
+def test_a_small_slice_of_a_big_tensor_travels_alone():
+    big = torch.zeros(4 * 2**20, dtype=torch.uint8)
+    parts = [big[:40_000], big[40_000:80_000]]
+    packet = shm.pack(parts, "intune-test")
+    assert packet.size < 2**20 + 4096  # not the 4 MiB storage the slices belong to
+    back = shm.unpack(packet)
+    assert [p.numel() for p in back] == [40_000, 40_000]

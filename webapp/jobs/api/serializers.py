@@ -11,7 +11,9 @@ from webapp.strict_fields import (
     StrictModelSerializer,
 )
 
-STAGE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+HOST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# A stage's name may also join fused stages with '+' ("read+parse": agents.pipeline.fusion).
+STAGE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$")
 # The largest primary key the database holds (a 64-bit integer); a bigger id is a 400, not a 500.
 MAX_ID = 2**63 - 1
 
@@ -42,7 +44,8 @@ class StageSerializer(StrictModelSerializer):
     def validate_name(self, value: str) -> str:
         if not STAGE_NAME.match(value):
             raise serializers.ValidationError(
-                "a stage name starts with a letter and has at most 64 letters, digits, '_', '.' or '-'"
+                "a stage name starts with a letter and has at most 64 letters, digits, '_', '.', "
+                "'-' or '+' (which joins fused stages)"
             )
         return value
 
@@ -187,7 +190,7 @@ class HostSerializer(StrictModelSerializer):
         }
 
     def validate_name(self, value: str) -> str:
-        if not STAGE_NAME.match(value):
+        if not HOST_NAME.match(value):
             raise serializers.ValidationError(
                 "a host name starts with a letter and has at most 64 letters, digits, '_', '.' or '-'"
             )
