@@ -93,19 +93,22 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Measured {result['date'][:10]} on {result['machine']}, with "
         f"`{result['command']}` (batches of {result['batch_size']} samples, "
-        f"{result['seconds_per_point']:g} s per point). The machine was shared with other "
-        f"work while it ran (load average {result['load_average_before'][0]:.1f} before, "
-        f"{result['load_average_after'][0]:.1f} after), so figures are indicative.",
+        f"{result['seconds_per_point']:g} s per point). Load average "
+        f"{result['load_average_before'][0]:.1f} before, "
+        f"{result['load_average_after'][0]:.1f} after (the benchmark itself keeps the cores "
+        f"busy). The speed of a shared machine drifts, so every ratio below is of figures "
+        f"measured alternately in one run.",
         "",
-        f"**Scaling.** One worker doing the whole preprocessing in one loop on one core (a "
-        f"fresh process set up as the pipeline's workers are: one torch thread, heap kept): "
-        f"{scaling['one_worker_samples_per_s']:,.0f} samples/s. For each core count the "
-        f"benchmark climbs from one worker per stage (adding one to the busiest stage) under "
-        f"each layout: `staged` (a process stage per step), `halves` (read+parse, "
-        f"transform+collate), `fused` (every step in each worker).",
+        f"**Scaling.** The unit is one worker doing the whole preprocessing in one loop on one "
+        f"core, in a fresh process set up as the pipeline's workers are (one torch thread, heap "
+        f"kept): {scaling['one_worker_samples_per_s']:,.0f} samples/s on average. For each core "
+        f"count the benchmark climbs from one worker per stage (adding one to the busiest "
+        f"stage) under each layout: `staged` (a process stage per step), `halves` "
+        f"(read+parse, transform+collate), `fused` (every step in each worker); then it "
+        f"measures the best one again, alternately with one worker, and compares the means.",
         "",
         "| cores | best layout and allocation | samples/s | ideal (N x one worker) "
-        "| of ideal | of ideal by layout |",
+        "| of ideal | each layout's best in its climb, of ideal |",
         "|---|---|---|---|---|---|",
     ]
     for row in scaling["rows"]:
@@ -134,6 +137,14 @@ def render(result: dict[str, Any]) -> str:
         f"output, {resize['resizes']} resizes): p50 {resize['p50_s'] * 1000:.0f} ms, "
         f"p95 {resize['p95_s'] * 1000:.0f} ms, max {resize['max_s'] * 1000:.0f} ms "
         f"(target p95 under 1 s).",
+        "",
+        "**What the runtime does for these figures.** Worker processes keep their heap "
+        "(`agents.pipeline.heap`: the temporaries of one batch are reused by the next, not "
+        "faulted in again), and tensors that are views of one storage cross to the consumer "
+        "once (`agents.pipeline.shm`). Fusing neighbouring stages (`agents.pipeline.fusion`, "
+        "`intune-agent --fuse`) removes hand-offs between processes, which pays on few cores; "
+        "keeping stages apart gives the tuner one lever per stage, which pays where the "
+        "stages' needs differ and the host has cores to give.",
         "",
         f"**Sampling cost** (`metrics()` + `consumer_stats()`, what the agent calls each "
         f"interval): {result['sampling']['cpu_ms_per_sample']:.2f} ms of CPU per sample, "

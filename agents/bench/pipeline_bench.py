@@ -159,12 +159,18 @@ def scaling(
     seconds: float,
     warmup: float,
     log: Callable[[str], None],
+    rounds: int = 2,
 ) -> dict[str, Any]:
-    """Best samples/s for 1..N cores, over every layout, against N x one worker's rate on
-    one core; with each layout's own best, so the cost of keeping every stage apart shows."""
-    one = one_worker_rate(data_dir, seconds, cores[0])
-    log(f"one worker, one core: {one * batch_size:,.0f} samples/s")
-    rows = []
+    """Best samples/s for 1..N cores, over every layout, against N x one worker's rate.
+
+    For each core count the best layout and allocation of the climbs is measured again,
+    alternately with one worker on one core (``rounds`` times each), so that a drift of a
+    shared machine's speed falls on both sides of the ratio. Each layout's best from its
+    climb is kept too, so the cost of keeping every stage apart shows.
+    """
+    first = one_worker_rate(data_dir, seconds, cores[0])
+    log(f"one worker, one core: {first * batch_size:,.0f} samples/s")
+    units, rows = [first], []
     for n in range(1, len(cores) + 1):
         per_layout, tried = {}, []
         for layout, fuse in LAYOUTS.items():
@@ -174,23 +180,37 @@ def scaling(
             per_layout[layout] = found["best"]
             tried += found["tried"]
         layout = max(per_layout, key=lambda name: per_layout[name]["batches_per_s"])
-        rate = per_layout[layout]["batches_per_s"]
+        allocation, fuse = per_layout[layout]["allocation"], LAYOUTS[layout]
+        ones, ours = [], []
+        for _ in range(rounds):
+            ones.append(one_worker_rate(data_dir, seconds, cores[0]))
+            with on_cores(cores[:n]):
+                ours.append(
+                    pipeline_rate(data_dir, batch_size, allocation, seconds, warmup, fuse)[0]
+                )
+            log(
+                f"  again: one worker {ones[-1] * batch_size:,.0f}, {layout} {allocation} on "
+                f"{n} core(s) {ours[-1] * batch_size:,.0f} samples/s"
+            )
+        units += ones
+        one, rate = statistics.mean(ones), statistics.mean(ours)
         rows.append(
             {
                 "cores": n,
                 "layout": layout,
-                "fuse": LAYOUTS[layout],
-                "allocation": per_layout[layout]["allocation"],
+                "fuse": fuse,
+                "allocation": allocation,
                 "samples_per_s": rate * batch_size,
+                "one_worker_samples_per_s": one * batch_size,
                 "ideal_samples_per_s": n * one * batch_size,
                 "of_ideal": rate / (n * one),
                 "of_ideal_by_layout": {
-                    name: best["batches_per_s"] / (n * one) for name, best in per_layout.items()
+                    name: best["batches_per_s"] / (n * first) for name, best in per_layout.items()
                 },
                 "tried": tried,
             }
         )
-    return {"one_worker_samples_per_s": one * batch_size, "rows": rows}
+    return {"one_worker_samples_per_s": statistics.mean(units) * batch_size, "rows": rows}
 
 
 class _ChunkDataset:
