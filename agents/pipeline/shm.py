@@ -191,7 +191,9 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
     def place(nbytes: int, kind: str, dtype: str, shape: tuple) -> _Slot:
         nonlocal offset
         slot = _Slot(kind, offset, nbytes, dtype, shape)
-        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        # Even an empty buffer gets an offset of its own: the receiver tells buffers apart
+        # by their placeholders, and two different empty tensors must stay two objects.
+        offset += (max(nbytes, 1) + _ALIGN - 1) // _ALIGN * _ALIGN
         return slot
 
     shared = _shared_storages(found)

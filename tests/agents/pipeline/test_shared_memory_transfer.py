@@ -92,3 +92,10 @@ def test_a_small_slice_of_a_big_tensor_travels_alone():
     assert packet.size < 2**20 + 4096  # not the 4 MiB storage the slices belong to
     back = shm.unpack(packet)
     assert [p.numel() for p in back] == [40_000, 40_000]
+
+
+def test_two_empty_tensors_come_back_as_two_objects():
+    batch = [torch.empty(0), torch.empty(0), torch.ones(100_000)]
+    back = shm.unpack(shm.pack(batch, "intune-test"))
+    assert back[0] is not back[1]
+    assert float(back[2].sum()) == 100_000
