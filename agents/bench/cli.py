@@ -58,8 +58,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average_before": os.getloadavg(),
     }
     say("[bold]scaling[/] (best allocation per core count, against N x one worker)")
+    counts = args.core_counts or bench.default_core_counts(len(cores))
     result["scaling"] = bench.scaling(
-        data_dir, args.batch_size, cores, args.seconds, args.warmup, say
+        data_dir, args.batch_size, cores, args.seconds, args.warmup, say, core_counts=counts
     )
     best = result["scaling"]["rows"][-1]
     allocation, fuse = best["allocation"], best["fuse"]
@@ -188,6 +189,19 @@ def _print_summary(result: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _core_counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of whole numbers") from None
+    usable = len(os.sched_getaffinity(0))
+    if not counts or counts[0] < 1 or counts[-1] > usable:
+        raise argparse.ArgumentTypeError(
+            f"core counts must be from 1 to the {usable} cores this process may use"
+        )
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m agents.bench``."""
     parser = argparse.ArgumentParser(
@@ -203,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="seconds per measured point (default 6)")
     parser.add_argument("--warmup", type=float, help="warm-up seconds per point (default 2)")
     parser.add_argument("--cores", type=int, help="use at most this many cores (default all)")
+    parser.add_argument(
+        "--core-counts",
+        type=_core_counts,
+        help="core counts to measure scaling at, e.g. 1,4,16 (default 1 to 4, then doubling, and all)",
+    )
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per batch")
     parser.add_argument("--rows", type=int, help="rows of generated data (default 64 batches)")
     parser.add_argument("--resizes", type=int, help="resizes to time (default 30)")
@@ -215,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         help="replace the '## Pipeline' section of this file (default docs/benchmarks.md)",
     )
     args = parser.parse_args(argv)
+    cores = min(args.cores or 10**6, len(os.sched_getaffinity(0)))
+    if args.core_counts and args.core_counts[-1] > cores:
+        parser.error(f"--core-counts goes up to {args.core_counts[-1]} but --cores is {cores}")
     args.seconds = args.seconds or (3.0 if args.quick else 6.0)
     args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 2.0)
     args.resizes = args.resizes or (15 if args.quick else 30)

@@ -39,6 +39,15 @@ def layout_stages(fuse: str | None) -> list[str]:
     return [s.name for s in fuse_groups([Stage(n, str) for n in PROCESS_STAGES], fuse)]
 
 
+def default_core_counts(cores: int) -> list[int]:
+    """Every count up to 4 cores, then doubling, and ``cores`` itself: a geometric few on a
+    big host (each count costs a climb per layout)."""
+    counts = list(range(1, min(cores, 4) + 1))
+    while counts[-1] * 2 < cores:
+        counts.append(counts[-1] * 2)
+    return sorted(set(counts + [cores]))
+
+
 @contextmanager
 def on_cores(cores: list[int]) -> Iterator[None]:
     """Run the block (and every process it forks) on ``cores`` only."""
@@ -130,26 +139,43 @@ def best_allocation(
 
     The best allocation found for ``cores`` cores under a fusion layout, with every
     allocation tried (as tf.data's autotuner and our ``hillclimb`` baseline do, but
-    measured, not modelled).
+    measured, not modelled). With more than two cores the climb does not start from one
+    worker per stage but from the cores shared in proportion to each stage's busy time at
+    one worker each (Plumber's first estimate), so a many-core host is not climbed one
+    worker at a time.
     """
     stages = layout_stages(fuse)
     allocation = {name: 1 for name in stages}
     tried = []
     best: dict[str, Any] | None = None
     budget = cores + len(stages)  # the agent's default worker budget, less prefetch
+    jumped = False
     while True:
         rate, metrics = pipeline_rate(data_dir, batch_size, allocation, seconds, warmup, fuse)
         tried.append({"fuse": fuse, "allocation": dict(allocation), "batches_per_s": rate})
         log(f"  {cores} core(s) {allocation}: {rate * batch_size:,.0f} samples/s")
+        busy = {m["name"]: m["busy_fraction"] for m in metrics if m["name"] in allocation}
         if best is None or rate > best["batches_per_s"]:
             best = tried[-1]
-        elif rate < 0.97 * best["batches_per_s"]:
+        elif rate < 0.97 * best["batches_per_s"] and not jumped:
             break  # one more worker made it worse: the cores are used up
         if sum(allocation.values()) >= budget:
             break
-        busy = {m["name"]: m["busy_fraction"] for m in metrics if m["name"] in allocation}
+        if len(tried) == 1 and cores > 2 and len(stages) > 1:
+            allocation = proportional_allocation(busy, cores)
+            jumped = True
+            continue
+        jumped = False
         allocation[max(busy, key=busy.get)] += 1
     return {"best": best, "tried": tried}
+
+
+def proportional_allocation(busy: dict[str, float], cores: int) -> dict[str, int]:
+    """``cores`` workers shared in proportion to each stage's busy fraction at one worker
+    each (which, with the same items through every stage, is in proportion to its cost per
+    item); every stage keeps at least one."""
+    total = sum(busy.values()) or 1.0
+    return {name: max(1, round(cores * share / total)) for name, share in busy.items()}
 
 
 def scaling(
@@ -160,8 +186,10 @@ def scaling(
     warmup: float,
     log: Callable[[str], None],
     rounds: int = 2,
+    core_counts: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Best samples/s for 1..N cores, over every layout, against N x one worker's rate.
+    """Best samples/s for 1..N cores (or the ``core_counts`` given), over every layout,
+    against N x one worker's rate.
 
     For each core count the best layout and allocation of the climbs is measured again,
     alternately with one worker on one core (``rounds`` times each), so that a drift of a
@@ -171,7 +199,7 @@ def scaling(
     first = one_worker_rate(data_dir, seconds, cores[0])
     log(f"one worker, one core: {first * batch_size:,.0f} samples/s")
     units, rows = [first], []
-    for n in range(1, len(cores) + 1):
+    for n in core_counts or range(1, len(cores) + 1):
         per_layout, tried = {}, []
         for layout, fuse in LAYOUTS.items():
             log(f"  layout {layout}")
