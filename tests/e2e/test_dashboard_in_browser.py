@@ -42,7 +42,9 @@ if not Path(CHROMIUM).exists():
     )
 
 
-def protocol_sample(seq: int, ts: float, throughput: float = 900.0) -> dict:
+def protocol_sample(
+    seq: int, ts: float, throughput: float = 900.0, stages: list[str] = STAGES
+) -> dict:
     """One sample in the agent protocol's format (docs/agent-protocol.md)."""
     return {
         "seq": seq,
@@ -74,7 +76,7 @@ def protocol_sample(seq: int, ts: float, throughput: float = 900.0) -> dict:
                 "cpu_percent": 80.0,
                 "rss_mb": 100.0,
             }
-            for name in STAGES
+            for name in stages
         ],
     }
 
@@ -424,5 +426,46 @@ def test_two_hosts_compare_on_one_chart(browser, plane):
         "document.getElementById('chart-compare').layout.xaxis.title.text === 'decision step'"
     )
     shoot(page, "compare-laptop")
+    assert page.js_errors == []
+    page.context.close()
+
+
+def test_fused_stages_are_drawn_and_overridden_under_their_joined_names(browser, plane):
+    fused = ["read+parse", "transform+collate", "prefetch"]
+    stack = plane["stack"]
+    with stack.client(plane["operator"]["token"]) as api:
+        job = api.post(
+            "/api/v1/jobs/",
+            json={"name": "dlrm-fused", "stages": [{"name": s} for s in fused]},
+        )
+        assert job.status_code == 201, job.text
+        host = api.post(
+            f"/api/v1/jobs/{job.json()['id']}/hosts/",
+            json={"name": "trainer-fused", "cpus": 4, "memory_mb": 8192},
+        )
+        assert host.status_code == 201, host.text
+    now = time.time()
+    post_samples(
+        stack,
+        host.json()["id"],
+        host.json()["agent_token"],
+        [protocol_sample(i + 1, now - 30 + i, stages=fused) for i in range(30)],
+    )
+    page = log_in(browser, plane, "operator")
+    open_job(page, plane | {"job": job.json()["id"]})
+    page.wait_for_function(
+        "document.getElementById('chart-stages').data"
+        ".some(t => (t.name || '').includes('read+parse'))"
+    )
+    page.fill('input[data-stage="read+parse"]', "3")
+    page.fill("input[name=reason]", "parse is the bottleneck")
+    page.click("#override-submit")
+    page.wait_for_function(
+        "document.getElementById('override-message').textContent.includes('Override sent')"
+    )
+    with stack.client(plane["operator"]["token"]) as api:
+        state = api.get(f"/api/v1/hosts/{host.json()['id']}/").json()
+    assert state["allocation"]["workers"]["read+parse"] == 3
+    shoot(page, "fused-stages")
     assert page.js_errors == []
     page.context.close()

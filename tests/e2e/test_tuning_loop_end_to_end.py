@@ -13,16 +13,19 @@ from webapp.stack.supervisor import wait_until
 pytestmark = pytest.mark.slow
 
 
-def test_a_decision_made_by_a_celery_task_reaches_the_agent_and_is_applied(live_stack):
-    person = live_stack.create_user("e2e-operator", role="operator")
+DLRM_STAGES = ["read", "parse", "transform", "collate", "prefetch"]
+FUSED = "read+parse+transform+collate"
+
+
+def tune_end_to_end(live_stack, person, name, stages, *agent_args):
+    """Register a job with ``stages`` and a host, start the real agent, start InTune, and wait
+    until a policy allocation is applied and the agent's samples show it; return the job id."""
     with live_stack.client(person["token"]) as api:
         job = api.post(
             "/api/v1/jobs/",
             json={
-                "name": "e2e-dlrm",
-                "stages": [
-                    {"name": s} for s in ["read", "parse", "transform", "collate", "prefetch"]
-                ],
+                "name": name,
+                "stages": [{"name": s} for s in stages],
                 # One worker per stage starves the pipeline: InTune's first moves add workers.
                 "tuner": "intune",
                 "decision_interval_s": 2,
@@ -31,23 +34,24 @@ def test_a_decision_made_by_a_celery_task_reaches_the_agent_and_is_applied(live_
         assert job.status_code == 201, job.text
         job_id = job.json()["id"]
         host = api.post(
-            f"/api/v1/jobs/{job_id}/hosts/", json={"name": "e2e-host", "cpus": 4, "memory_mb": 8192}
+            f"/api/v1/jobs/{job_id}/hosts/",
+            json={"name": f"{name}-host", "cpus": 4, "memory_mb": 8192},
         )
         assert host.status_code == 201, host.text
         host_id, agent_token = host.json()["id"], host.json()["agent_token"]
 
         started = time.monotonic()
-        live_stack.start_agent(host_id, agent_token)
+        live_stack.start_agent(host_id, agent_token, *agent_args, instance=f"agent-{name}")
 
         def metrics_arrived():
             series = api.get(
                 f"/api/v1/hosts/{host_id}/metrics/", params={"since": time.time() - 120}
             ).json()
-            return series if series["series"]["ts"] and series["stages"]["parse"]["ts"] else None
+            return series if series["series"]["ts"] and series["stages"][stages[0]]["ts"] else None
 
         series = wait_until(metrics_arrived, 45, interval=1, what="the agent's first metrics")
         assert max(series["series"]["cpus"]) > 0
-        assert all(v >= 0 for v in series["stages"]["read"]["items_per_s"])
+        assert all(v >= 0 for v in series["stages"][stages[0]]["items_per_s"])
 
         assert api.post(f"/api/v1/jobs/{job_id}/tuning/", json={}).status_code == 201
 
@@ -87,6 +91,13 @@ def test_a_decision_made_by_a_celery_task_reaches_the_agent_and_is_applied(live_
             what="samples measured under the new allocation",
         )
 
+    return job_id
+
+
+def test_a_decision_made_by_a_celery_task_reaches_the_agent_and_is_applied(live_stack):
+    person = live_stack.create_user("e2e-operator", role="operator")
+    job_id = tune_end_to_end(live_stack, person, "e2e-dlrm", DLRM_STAGES)
+
     page = live_stack.client()
     login = page.get("/accounts/login/")
     csrf = login.cookies["csrftoken"]
@@ -103,3 +114,8 @@ def test_a_decision_made_by_a_celery_task_reaches_the_agent_and_is_applied(live_
     assert job_page.status_code == 200
     assert "plotly.min.js" in job_page.text
     assert page.get("/static/vendor/plotly/plotly.min.js").status_code == 200
+
+
+def test_a_pipeline_with_fused_stages_is_tuned_under_its_fused_names(live_stack):
+    person = live_stack.create_user("e2e-fused", role="operator")
+    tune_end_to_end(live_stack, person, "e2e-fused", [FUSED, "prefetch"], "--fuse", FUSED)
