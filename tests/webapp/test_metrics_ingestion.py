@@ -1,5 +1,7 @@
 """An agent's metric batches: stored once per sequence number, all or nothing."""
 
+from django.db.models import F
+
 from webapp.ingestion.models import HostSample, StageSample
 from webapp.jobs.models import Host
 
@@ -18,6 +20,21 @@ def test_a_batch_is_stored_with_one_row_per_stage(api, job_and_host, sample):
     assert StageSample.objects.filter(sample__host=host).count() == 2 * len(job.stage_names)
     host.refresh_from_db()
     assert host.status == "online" and host.last_seq == 2
+
+
+def test_a_full_batch_is_stored_whole_whatever_the_databases_limit_on_parameters(
+    api, job_and_host, sample
+):
+    # 600 samples x 5 stages is thousands of values: more than one statement holds on SQLite.
+    job, host, token = job_and_host
+    batch = {"samples": [sample(i, job.stage_names, ts=1000.0 + i) for i in range(1, 601)]}
+    response = api.as_agent(token).post(url(host), batch, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["stored"] == 600
+    assert HostSample.objects.filter(host=host).count() == 600
+    assert StageSample.objects.filter(host=host).count() == 600 * len(job.stage_names)
+    # Every stage row belongs to the sample with its own timestamp.
+    assert not StageSample.objects.filter(host=host).exclude(ts=F("sample__ts")).exists()
 
 
 def test_a_resent_batch_is_acknowledged_and_stored_once(api, job_and_host, sample):

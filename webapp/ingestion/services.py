@@ -1,5 +1,6 @@
 """Storing agents' metric batches and reading their series back, downsampled."""
 
+import functools
 import logging
 
 from django.db import IntegrityError, transaction
@@ -10,6 +11,7 @@ from django.utils import timezone
 from webapp.jobs.models import Allocation, Host
 from webapp.jobs.services import record_allocation_status
 
+from .inserts import MultiRowInsert
 from .models import HostSample, StageSample
 
 log = logging.getLogger(__name__)
@@ -52,32 +54,59 @@ def store_batch(host: Host, batch: dict) -> dict:
     raise AssertionError("unreachable")
 
 
+STAGE_FIELDS = (
+    "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue", "queue_capacity",
+    "cpu_percent", "rss_mb",
+)  # fmt: skip
+
+
+@functools.cache
+def _inserts() -> tuple[MultiRowInsert, MultiRowInsert]:
+    """The two statements of a batch (built once per process, on first use)."""
+    samples = MultiRowInsert(
+        HostSample,
+        ["host_id", "seq", "ts", "resolution_s", *HOST_FIELDS],
+        skip_conflicts_on=["host_id", "seq"],
+        returning=["id", "seq"],
+    )
+    stages = MultiRowInsert(StageSample, ["sample_id", "host_id", "ts", "stage", *STAGE_FIELDS])
+    return samples, stages
+
+
 @transaction.atomic
 def _store_batch_once(host: Host, batch: dict) -> dict:
-    # Few round trips on purpose: a fleet posts hundreds of batches a second.
+    # Few round trips on purpose: a fleet posts hundreds of batches a second. The samples go
+    # in with one INSERT that skips sequence numbers already stored; only when it skipped
+    # some (a resent batch: rare) are those read back, to tell a resend from a reuse.
     samples = batch["samples"]
-    stored_ts = dict(
-        HostSample.objects.filter(host=host, seq__in=[s["seq"] for s in samples]).values_list(
-            "seq", "ts"
+    insert_samples, insert_stages = _inserts()
+    inserted = dict(
+        (seq, pk)
+        for pk, seq in insert_samples.run(
+            {"host_id": host.pk, "resolution_s": 1, **s} for s in samples
         )
     )
-    for sample in samples:
-        previous_ts = stored_ts.get(sample["seq"])
-        if previous_ts is not None and abs(previous_ts - sample["ts"]) > 1e-3:
-            raise SequenceConflict(
-                f"sequence number {sample['seq']} was already used by this host for a sample at "
-                f"ts={previous_ts}; sequence numbers must never be reused"
+    skipped = [s for s in samples if s["seq"] not in inserted]
+    if skipped:
+        stored_ts = dict(
+            HostSample.objects.filter(host=host, seq__in=[s["seq"] for s in skipped]).values_list(
+                "seq", "ts"
             )
-    fresh = [s for s in samples if s["seq"] not in stored_ts]
-    rows = HostSample.objects.bulk_create(
-        HostSample(host=host, seq=s["seq"], ts=s["ts"], **{k: s[k] for k in HOST_FIELDS})
-        for s in fresh
-    )
-    StageSample.objects.bulk_create(
-        StageSample(sample=row, host_id=host.pk, ts=row.ts, **stage)
-        for row, s in zip(rows, fresh, strict=True)
+        )
+        for sample in skipped:
+            previous_ts = stored_ts.get(sample["seq"])
+            if previous_ts is not None and abs(previous_ts - sample["ts"]) > 1e-3:
+                raise SequenceConflict(
+                    f"sequence number {sample['seq']} was already used by this host for a "
+                    f"sample at ts={previous_ts}; sequence numbers must never be reused"
+                )
+    insert_stages.run(
+        {"sample_id": inserted[s["seq"]], "host_id": host.pk, "ts": s["ts"], **stage}
+        for s in samples
+        if s["seq"] in inserted
         for stage in s["stages"]
     )
+    fresh = [s for s in samples if s["seq"] in inserted]
     status = batch["allocation_status"]
     if status and ((status["applied_version"] or 0) > host.applied_version or status["refused"]):
         # Rare (once per new allocation): lock the host so concurrent reports apply in order.
