@@ -1,8 +1,10 @@
 """Multi-row INSERTs for the ingestion path, written once per table and run as plain SQL.
 
 A fleet posts hundreds of batches a second, and each batch is a few rows in two tables. The
-ORM's ``bulk_create`` compiles its statement anew on every call (most of a batch's CPU time),
-and with ``ignore_conflicts`` it cannot say which rows it skipped. Here the statement is
+ORM's ``bulk_create`` compiles its statement anew on every call, and with ``ignore_conflicts``
+it cannot say which rows it skipped, so duplicates had to be looked for first (a SELECT per
+batch). Writing a batch this way took a request from 4.9 to 4.3 ms of CPU (measured in
+process, PostgreSQL). Here the statement is
 ``INSERT ... VALUES (...), (...) [ON CONFLICT (...) DO NOTHING] [RETURNING ...]``, which
 PostgreSQL and SQLite (3.35+) both run; values still go through each field's own
 ``get_db_prep_save``, so JSON, foreign keys and the like are stored as the ORM would store them.

@@ -3,7 +3,7 @@
 import functools
 import logging
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -41,20 +41,8 @@ class SequenceConflict(ValueError):
     """A sequence number already stored for this host names a different sample."""
 
 
-def store_batch(host: Host, batch: dict) -> dict:
-    """Store a validated batch, all or nothing; samples already stored are acknowledged, not
-    stored again. Retries once if a concurrent copy of the same batch won the race."""
-    for attempt in (1, 2):
-        try:
-            return _store_batch_once(host, batch)
-        except IntegrityError:
-            if attempt == 2:
-                raise
-            log.info("host %s: concurrent duplicate batch, retrying once", host.pk)
-    raise AssertionError("unreachable")
-
-
-STAGE_FIELDS = (
+# A stage sample's measurements: what is stored, and the series read back.
+STAGE_SERIES = (
     "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue", "queue_capacity",
     "cpu_percent", "rss_mb",
 )  # fmt: skip
@@ -69,12 +57,15 @@ def _inserts() -> tuple[MultiRowInsert, MultiRowInsert]:
         skip_conflicts_on=["host_id", "seq"],
         returning=["id", "seq"],
     )
-    stages = MultiRowInsert(StageSample, ["sample_id", "host_id", "ts", "stage", *STAGE_FIELDS])
+    stages = MultiRowInsert(StageSample, ["sample_id", "host_id", "ts", "stage", *STAGE_SERIES])
     return samples, stages
 
 
 @transaction.atomic
-def _store_batch_once(host: Host, batch: dict) -> dict:
+def store_batch(host: Host, batch: dict) -> dict:
+    """Store a validated batch, all or nothing; samples already stored are acknowledged, not
+    stored again (a concurrent copy of the same batch included: the database skips what the
+    other stored first)."""
     # Few round trips on purpose: a fleet posts hundreds of batches a second. The samples go
     # in with one INSERT that skips sequence numbers already stored; only when it skipped
     # some (a resent batch: rare) are those read back, to tell a resend from a reuse.
@@ -86,6 +77,7 @@ def _store_batch_once(host: Host, batch: dict) -> dict:
             {"host_id": host.pk, "resolution_s": 1, **s} for s in samples
         )
     )
+    fresh = [s for s in samples if s["seq"] in inserted]
     skipped = [s for s in samples if s["seq"] not in inserted]
     if skipped:
         stored_ts = dict(
@@ -102,11 +94,9 @@ def _store_batch_once(host: Host, batch: dict) -> dict:
                 )
     insert_stages.run(
         {"sample_id": inserted[s["seq"]], "host_id": host.pk, "ts": s["ts"], **stage}
-        for s in samples
-        if s["seq"] in inserted
+        for s in fresh
         for stage in s["stages"]
     )
-    fresh = [s for s in samples if s["seq"] in inserted]
     status = batch["allocation_status"]
     if status and ((status["applied_version"] or 0) > host.applied_version or status["refused"]):
         # Rare (once per new allocation): lock the host so concurrent reports apply in order.
@@ -152,16 +142,6 @@ HOST_SERIES = (
     "memory_limit_mb",
     "step_ms",
     "wait_ms",
-)
-STAGE_SERIES = (
-    "workers",
-    "items_per_s",
-    "busy_fraction",
-    "in_queue",
-    "out_queue",
-    "queue_capacity",
-    "cpu_percent",
-    "rss_mb",
 )
 
 
