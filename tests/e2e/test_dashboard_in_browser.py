@@ -96,24 +96,17 @@ def plane(live_stack):
     """A job with one host whose agent streams real measurements, and two people."""
     operator = live_stack.create_user("dash-operator", role="operator")
     viewer = live_stack.create_user("dash-viewer", role="viewer")
+    job_id, host_id, agent_token = live_stack.register_job_and_host(
+        operator["token"],
+        {
+            "name": "dlrm-browser",
+            "stages": [{"name": s} for s in STAGES],
+            "tuner": "intune",
+            "decision_interval_s": 2,
+        },
+        {"name": "trainer-a", "cpus": 4, "memory_mb": 8192},
+    )
     with live_stack.client(operator["token"]) as api:
-        job = api.post(
-            "/api/v1/jobs/",
-            json={
-                "name": "dlrm-browser",
-                "stages": [{"name": s} for s in STAGES],
-                "tuner": "intune",
-                "decision_interval_s": 2,
-            },
-        )
-        assert job.status_code == 201, job.text
-        job_id = job.json()["id"]
-        host = api.post(
-            f"/api/v1/jobs/{job_id}/hosts/",
-            json={"name": "trainer-a", "cpus": 4, "memory_mb": 8192},
-        )
-        assert host.status_code == 201, host.text
-        host_id, agent_token = host.json()["id"], host.json()["agent_token"]
         # The agent's own budget must match the one registered (4 CPUs + 5 stages), whatever
         # this machine's core count.
         live_stack.start_agent(host_id, agent_token, "--worker-budget", "9")
@@ -433,26 +426,16 @@ def test_two_hosts_compare_on_one_chart(browser, plane):
 def test_fused_stages_are_drawn_and_overridden_under_their_joined_names(browser, plane):
     fused = ["read+parse", "transform+collate", "prefetch"]
     stack = plane["stack"]
-    with stack.client(plane["operator"]["token"]) as api:
-        job = api.post(
-            "/api/v1/jobs/",
-            json={"name": "dlrm-fused", "stages": [{"name": s} for s in fused]},
-        )
-        assert job.status_code == 201, job.text
-        host = api.post(
-            f"/api/v1/jobs/{job.json()['id']}/hosts/",
-            json={"name": "trainer-fused", "cpus": 4, "memory_mb": 8192},
-        )
-        assert host.status_code == 201, host.text
-    now = time.time()
-    post_samples(
-        stack,
-        host.json()["id"],
-        host.json()["agent_token"],
-        [protocol_sample(i + 1, now - 30 + i, stages=fused) for i in range(30)],
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "dlrm-fused", "stages": [{"name": s} for s in fused]},
+        {"name": "trainer-fused", "cpus": 4, "memory_mb": 8192},
     )
+    now = time.time()
+    samples = [protocol_sample(i + 1, now - 30 + i, stages=fused) for i in range(30)]
+    post_samples(stack, host_id, token, samples)
     page = log_in(browser, plane, "operator")
-    open_job(page, plane | {"job": job.json()["id"]})
+    open_job(page, plane | {"job": job_id})
     page.wait_for_function(
         "document.getElementById('chart-stages').data"
         ".some(t => (t.name || '').includes('read+parse'))"
@@ -464,7 +447,7 @@ def test_fused_stages_are_drawn_and_overridden_under_their_joined_names(browser,
         "document.getElementById('override-message').textContent.includes('Override sent')"
     )
     with stack.client(plane["operator"]["token"]) as api:
-        state = api.get(f"/api/v1/hosts/{host.json()['id']}/").json()
+        state = api.get(f"/api/v1/hosts/{host_id}/").json()
     assert state["allocation"]["workers"]["read+parse"] == 3
     shoot(page, "fused-stages")
     assert page.js_errors == []

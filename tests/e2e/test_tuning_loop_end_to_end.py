@@ -20,26 +20,18 @@ FUSED = "read+parse+transform+collate"
 def tune_end_to_end(live_stack, person, name, stages, *agent_args):
     """Register a job with ``stages`` and a host, start the real agent, start InTune, and wait
     until a policy allocation is applied and the agent's samples show it; return the job id."""
+    job_id, host_id, agent_token = live_stack.register_job_and_host(
+        person["token"],
+        {
+            "name": name,
+            "stages": [{"name": s} for s in stages],
+            # One worker per stage starves the pipeline: InTune's first moves add workers.
+            "tuner": "intune",
+            "decision_interval_s": 2,
+        },
+        {"name": f"{name}-host", "cpus": 4, "memory_mb": 8192},
+    )
     with live_stack.client(person["token"]) as api:
-        job = api.post(
-            "/api/v1/jobs/",
-            json={
-                "name": name,
-                "stages": [{"name": s} for s in stages],
-                # One worker per stage starves the pipeline: InTune's first moves add workers.
-                "tuner": "intune",
-                "decision_interval_s": 2,
-            },
-        )
-        assert job.status_code == 201, job.text
-        job_id = job.json()["id"]
-        host = api.post(
-            f"/api/v1/jobs/{job_id}/hosts/",
-            json={"name": f"{name}-host", "cpus": 4, "memory_mb": 8192},
-        )
-        assert host.status_code == 201, host.text
-        host_id, agent_token = host.json()["id"], host.json()["agent_token"]
-
         started = time.monotonic()
         live_stack.start_agent(host_id, agent_token, *agent_args, instance=f"agent-{name}")
 

@@ -26,19 +26,13 @@ def steps_of(api, job_id):
 
 def test_the_session_resumes_on_another_worker(stack, simulated_agent):
     person = stack.create_user("kill-op", role="operator")
+    job_id, host_id, token = stack.register_job_and_host(
+        person["token"],
+        {"name": "kill", "stages": [{"name": s} for s in STAGES], "decision_interval_s": 1},
+        {"name": "h", "cpus": 8, "memory_mb": 16384},
+    )
     with stack.client(person["token"]) as api:
-        job_id = api.post(
-            "/api/v1/jobs/",
-            json={
-                "name": "kill",
-                "stages": [{"name": s} for s in STAGES],
-                "decision_interval_s": 1,
-            },
-        ).json()["id"]
-        host = api.post(
-            f"/api/v1/jobs/{job_id}/hosts/", json={"name": "h", "cpus": 8, "memory_mb": 16384}
-        ).json()
-        agent = simulated_agent(stack.url, host["id"], host["agent_token"], STAGES)
+        agent = simulated_agent(stack.url, host_id, token, STAGES)
         assert api.post(f"/api/v1/jobs/{job_id}/tuning/", json={}).status_code == 201
         wait_until(lambda: steps_of(api, job_id) >= 3, 60, what="three decisions")
 
@@ -55,7 +49,7 @@ def test_the_session_resumes_on_another_worker(stack, simulated_agent):
 
         session = api.get(f"/api/v1/jobs/{job_id}/tuning/").json()[0]
         assert session["status"] == "running"
-        decisions = api.get(f"/api/v1/hosts/{host['id']}/decisions/", params={"limit": 500}).json()[
+        decisions = api.get(f"/api/v1/hosts/{host_id}/decisions/", params={"limit": 500}).json()[
             "results"
         ]
         steps = sorted(d["step"] for d in decisions)

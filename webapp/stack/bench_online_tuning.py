@@ -88,39 +88,36 @@ def online(tuning_seconds: float, interval: float) -> dict:
 
     with LiveStack(Path(tempfile.mkdtemp(prefix="intune-online-")), beat=True) as stack:
         person = stack.create_user("bench-operator", role="operator")
+        job_id, host_id, token = stack.register_job_and_host(
+            person["token"],
+            {
+                "name": "online-bench",
+                "stages": [{"name": s} for s in STAGE_NAMES],
+                "tuner": "intune",
+                "decision_interval_s": interval,
+            },
+            {"name": "this-host", "cpus": os.cpu_count() or 1, "memory_mb": 8192},
+        )
         with stack.client(person["token"]) as api:
-            job = api.post(
-                "/api/v1/jobs/",
-                json={
-                    "name": "online-bench",
-                    "stages": [{"name": s} for s in STAGE_NAMES],
-                    "tuner": "intune",
-                    "decision_interval_s": interval,
-                },
-            ).json()
-            host = api.post(
-                f"/api/v1/jobs/{job['id']}/hosts/",
-                json={"name": "this-host", "cpus": os.cpu_count() or 1, "memory_mb": 8192},
-            ).json()
-            stack.start_agent(host["id"], host["agent_token"], "--no-train", "--batch-seconds", "1")
+            stack.start_agent(host_id, token, "--no-train", "--batch-seconds", "1")
             wait_until(
-                lambda: api.get(f"/api/v1/hosts/{host['id']}/").json()["applied_version"] >= 1,
+                lambda: api.get(f"/api/v1/hosts/{host_id}/").json()["applied_version"] >= 1,
                 90,
                 what="the agent to start",
             )
-            api.post(f"/api/v1/jobs/{job['id']}/tuning/", json={}).raise_for_status()
+            api.post(f"/api/v1/jobs/{job_id}/tuning/", json={}).raise_for_status()
             started = time.time()
             for _ in track(
                 range(int(tuning_seconds)), description="tuning online", console=console
             ):
                 time.sleep(1)
             series = api.get(
-                f"/api/v1/hosts/{host['id']}/metrics/", params={"since": started - 5, "step": 1}
+                f"/api/v1/hosts/{host_id}/metrics/", params={"since": started - 5, "step": 1}
             ).json()["series"]
             decisions = api.get(
-                f"/api/v1/hosts/{host['id']}/decisions/", params={"limit": 500}
+                f"/api/v1/hosts/{host_id}/decisions/", params={"limit": 500}
             ).json()["results"]
-            final = api.get(f"/api/v1/hosts/{host['id']}/").json()["allocation"]
+            final = api.get(f"/api/v1/hosts/{host_id}/").json()["allocation"]
     window = [
         t
         for ts, t in zip(series["ts"], series["throughput"], strict=True)

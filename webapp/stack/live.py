@@ -201,6 +201,21 @@ class LiveStack:
             self.manage("intune_user", username, "--role", role).strip().splitlines()[-1]
         )
 
+    def register_job_and_host(self, token: str, job: dict, host: dict) -> tuple[int, int, str]:
+        """Register ``job`` (the POST body) and one ``host`` of it through the REST API, as an
+        operator with ``token`` does; return the job id, the host id and its agent token."""
+        with self.client(token) as api:
+            created = api.post("/api/v1/jobs/", json=job)
+            if created.status_code != 201:
+                raise RuntimeError(f"registering job failed: {created.status_code} {created.text}")
+            job_id = created.json()["id"]
+            registered = api.post(f"/api/v1/jobs/{job_id}/hosts/", json=host)
+            if registered.status_code != 201:
+                raise RuntimeError(
+                    f"registering host failed: {registered.status_code} {registered.text}"
+                )
+        return job_id, registered.json()["id"], registered.json()["agent_token"]
+
     def client(self, token: str | None = None, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Token {token}"} if token else {}
         return httpx.Client(
