@@ -34,6 +34,18 @@ class Chain:
         return item
 
 
+@dataclass(frozen=True)
+class InitChain:
+    """The per-worker setups of several fused stages, run in turn."""
+
+    inits: tuple[Callable[[int], Any], ...]
+
+    def __call__(self, slot: int) -> None:
+        """Run every stage's setup for the worker in ``slot``."""
+        for init in self.inits:
+            init(slot)
+
+
 def fuse(stages: Sequence[Stage], workers: int | None = None) -> Stage:
     """One stage doing the work of ``stages`` (neighbours, in pipeline order) in each worker.
 
@@ -62,6 +74,7 @@ def fuse(stages: Sequence[Stage], workers: int | None = None) -> Stage:
         cpu_affinity=list(affinities.pop()) if len(affinities) == 1 else None,
         shared_memory=last.shared_memory,
         shm_min_bytes=last.shm_min_bytes,
+        init=InitChain(inits) if (inits := tuple(s.init for s in stages if s.init)) else None,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import queue
@@ -16,11 +17,18 @@ import psutil
 
 from agents.pipeline import shm
 from agents.pipeline.errors import AllocationError, StageFailed
-from agents.pipeline.pool import StagePool, _drain
+from agents.pipeline.inbox import Inbox
+from agents.pipeline.pool import StagePool
 from agents.pipeline.stage import Stage
-from agents.pipeline.worker import POLL_S, Failure
+from agents.pipeline.worker import POLL_S, Failure, decode, serve_process
+from agents.pipeline.zygote import Zygote
+
+log = logging.getLogger("agents.pipeline")
 
 _END = object()  # the collector's mark that the source is exhausted and everything delivered
+
+# How often the pipeline replaces dead workers (and a dead launcher).
+_MONITOR_S = 0.1
 
 
 class Pipeline:
@@ -29,19 +37,28 @@ class Pipeline:
     ``source`` is an iterable, or a callable that returns one. Every item is numbered at the
     source; when every stage is ``ordered`` the consumer gets items in source order, whatever
     the worker counts and however often they change. ``apply()`` resizes stages while items
-    flow: workers are added at once, removed after the item they hold; nothing is lost or
-    repeated. Iterate the pipeline to consume it; the time spent inside ``next()`` is the
-    consumer's "waiting for input".
+    flow: workers are added at once, removed after the items they hold; nothing is lost or
+    repeated. A process worker that dies (killed, out of memory) is replaced, and the items
+    it held go to another worker. Iterate the pipeline to consume it; the time spent inside
+    ``next()`` is the consumer's "waiting for input".
+
+    Every wait has a bound: ``stop()`` returns within ``stop_timeout_s`` plus a second
+    whatever the workers are doing (process workers that do not leave are killed), and
+    leaves no process or shared-memory file behind.
 
     - ``queue_size``: capacity of each queue between stages (items).
     - ``prefetch``: items the pipeline keeps ready for the consumer (default ``queue_size``).
     - ``pin_cpus``: ``True`` pins each stage's workers to cores of their own (from the cores
       this process may use), re-planned at each ``apply()``; a list of CPU ids pins to those.
     - ``samples_per_item``: samples in one item (a batch's size), for samples/s figures.
-    - ``start_method``: multiprocessing start method (default ``fork`` where available).
+    - ``start_method``: only ``"fork"`` (or ``None``): worker processes are forked from a
+      launcher process the pipeline forks when it starts (see ``agents.pipeline.zygote``).
     - ``keep_worker_heap``: worker processes reuse the memory they free rather than map it
       afresh for every item (``agents.pipeline.heap``); ``False`` keeps the allocator's
       defaults.
+    - ``max_item_retries``: how many times an item whose worker died is sent to another
+      worker before it fails, as the stage's error.
+    - ``stop_timeout_s``: how long ``stop()`` lets workers finish before it kills them.
     """
 
     def __init__(
@@ -55,6 +72,8 @@ class Pipeline:
         samples_per_item: int = 1,
         start_method: str | None = None,
         keep_worker_heap: bool = True,
+        max_item_retries: int = 2,
+        stop_timeout_s: float = 2.0,
     ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -64,6 +83,15 @@ class Pipeline:
             raise ValueError(f"stage names must be unique; repeated: {', '.join(duplicates)}")
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        if start_method not in (None, "fork"):
+            raise ValueError(
+                f"start_method={start_method!r}: worker processes are forked from the "
+                "pipeline's launcher process; use None or 'fork'"
+            )
+        if any(s.kind == "process" for s in stages) and not hasattr(os, "fork"):
+            raise ValueError("process stages need os.fork (Linux or macOS); use kind='thread'")
+        if max_item_retries < 0:
+            raise ValueError(f"max_item_retries must be 0 or more, got {max_item_retries}")
         self.source = source
         self.stages = list(stages)
         self.stage_names: list[str] = names
@@ -73,17 +101,17 @@ class Pipeline:
         self.pin_cpus = pin_cpus
         self.samples_per_item = samples_per_item
         self.keep_worker_heap = keep_worker_heap
+        self.max_item_retries = max_item_retries
+        self.stop_timeout_s = stop_timeout_s
         self.ordered = all(s.ordered for s in stages)
-        methods = multiprocessing.get_all_start_methods()
-        self._context = multiprocessing.get_context(
-            start_method or ("fork" if "fork" in methods else methods[0])
-        )
+        self._context = multiprocessing.get_context("fork" if hasattr(os, "fork") else None)
         self._targets = {s.name: s.workers for s in stages}
         self._lock = threading.RLock()
         self._started = False
         self._stopped = False
         self._pools: list[StagePool] = []
-        self._links: list[Any] = []
+        self._inboxes: list[Inbox] = []
+        self._zygote: Zygote | None = None
         self._prefix = f"intune-{uuid.uuid4().hex[:10]}"
         self._last_resize: dict[str, Any] | None = None
         self._total: int | None = None
@@ -94,6 +122,8 @@ class Pipeline:
         self._metrics_at = time.monotonic()
         self._last_totals: dict[str, tuple[float, float, float]] = {}
         self._cpu_seen: dict[tuple[str, int], float] = {}
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -102,31 +132,29 @@ class Pipeline:
         with self._lock:
             if self._started:
                 return self
+            if self._stopped:
+                raise RuntimeError(f"pipeline '{self.name}' was stopped; build a new one")
             self._started = True
-            self._stop = self._context.Event()
-            kinds = ["thread"] + [s.kind for s in self.stages] + ["thread"]
-            for i in range(len(self.stages) + 1):
-                # A queue crosses processes when either end of it is a process stage.
-                crosses = "process" in (kinds[i], kinds[i + 1])
-                self._links.append(
-                    self._context.Queue(self.queue_size)
-                    if crosses
-                    else queue.Queue(self.queue_size)
-                )
-            self._ready: queue.Queue = queue.Queue(self.prefetch)
+            # One inbox in front of each stage, and one in front of the consumer.
+            self._inboxes = [Inbox(self.queue_size) for _ in range(len(self.stages) + 1)]
+            self._ready = Inbox(self.prefetch)
             use_shm = shm.available()
             for i, stage in enumerate(self.stages):
                 self._pools.append(
                     StagePool(
                         stage,
-                        self._links[i],
-                        self._links[i + 1],
+                        i,
+                        self._inboxes[i],
+                        self._inboxes[i + 1],
                         self._context,
                         self._stop,
                         self._prefix if use_shm else None,
                         self.keep_worker_heap,
+                        self.max_item_retries,
                     )
                 )
+            # The launcher is forked before the pipeline runs any thread of its own.
+            self._start_launcher()
             self._plan_pinning(self._targets)
             for pool in self._pools:
                 pool.resize(self._targets[pool.stage.name])
@@ -136,35 +164,57 @@ class Pipeline:
             self._threads = [
                 threading.Thread(target=self._feed, name=f"{self.name}-source", daemon=True),
                 threading.Thread(target=self._collect, name=f"{self.name}-collect", daemon=True),
+                threading.Thread(target=self._monitor, name=f"{self.name}-monitor", daemon=True),
             ]
             for thread in self._threads:
                 thread.start()
         return self
 
+    def _start_launcher(self) -> None:
+        if not any(pool.stage.kind == "process" for pool in self._pools):
+            return
+
+        def serve(request: dict[str, Any], items_fd: int, results_fd: int) -> None:
+            pool = self._pools[request["stage_index"]]
+            serve_process(pool.spec(request["slot"], request["affinity"]), items_fd, results_fd)
+
+        zygote = Zygote(serve, [pool.statuses for pool in self._pools], self._prefix)
+        self._zygote = zygote
+        for pool in self._pools:
+            pool.zygote = zygote
+
     def stop(self) -> None:
-        """Stop every worker and thread, drop what is in flight; leaves no process behind."""
+        """Stop every worker and thread, drop what is in flight; leaves no process behind.
+
+        Returns within ``stop_timeout_s`` plus about a second, whatever the workers are
+        doing; a thread worker stuck in the stage's function is left running (a thread
+        cannot be killed) and named in a warning.
+        """
         with self._lock:
             if not self._started or self._stopped:
                 self._stopped = True
                 return
             self._stopped = True
             self._stop.set()
-            for thread in self._threads:
-                thread.join(timeout=2.0)
+            deadline = time.monotonic() + self.stop_timeout_s
+            for inbox in [*self._inboxes, self._ready]:
+                inbox.close()
+            stuck = []
             for pool in self._pools:
-                pool.shutdown()
-            for link in self._links:
-                _drain(link)
-                if hasattr(link, "cancel_join_thread"):
-                    # Our own puts still buffered for a pipe nobody reads must not block exit.
-                    link.cancel_join_thread()
-                    link.close()
-            while True:
-                try:
-                    self._ready.get_nowait()
-                except queue.Empty:
-                    break
+                stuck += pool.shutdown(deadline)
+            for thread in self._threads:
+                thread.join(max(0.0, min(0.5, deadline - time.monotonic())))
+            stuck += [t.name for t in self._threads if t.is_alive()]
+            if self._zygote is not None:
+                self._zygote.close()
             shm.sweep(self._prefix)
+        if stuck:
+            log.warning(
+                "pipeline '%s' stopped, leaving %d thread(s) still inside user code: %s",
+                self.name,
+                len(stuck),
+                ", ".join(stuck),
+            )
 
     def __enter__(self) -> Pipeline:
         return self.start()
@@ -172,57 +222,75 @@ class Pipeline:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _monitor(self) -> None:
+        """Replace dead workers, and the launcher if it died, until the pipeline stops."""
+        while not self._stop.wait(_MONITOR_S):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                if self._zygote is not None and not self._zygote.alive():
+                    log.warning(
+                        "pipeline '%s': the worker launcher (pid %d) died; starting another",
+                        self.name,
+                        self._zygote.pid,
+                    )
+                    self._zygote.close()
+                    self._start_launcher()
+                for pool in self._pools:
+                    pool.maintain()
+
     # ----------------------------------------------------------------- the flow of items
 
     def _feed(self) -> None:
-        """Number the source's items and put them on the first queue."""
+        """Number the source's items and put them in the first inbox."""
         seq = 0
-        first = self._links[0]
+        first = self._inboxes[0]
         try:
             source = self.source() if callable(self.source) else self.source
             for item in source:
-                if not self._put(first, (seq, item)):
+                if not first.put((seq, item)):
                     return
                 seq += 1
         except Exception as exc:
             failure = Failure("source", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-            if not self._put(first, (seq, failure)):
+            if not first.put((seq, failure)):
                 return
             seq += 1
         self._total = seq
-
-    def _put(self, link: Any, message: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                link.put(message, timeout=POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        self._inboxes[-1].wake()  # the collector may be waiting for an item that never comes
 
     def _collect(self) -> None:
         """Take the last stage's results, restore source order, and hand them to the consumer."""
-        last = self._links[-1]
+        last = self._inboxes[-1]
+        ready = self._ready
         pending: dict[int, Any] = {}
         delivered = 0
         while not self._stop.is_set():
             if self._total is not None and delivered >= self._total:
-                self._put(self._ready, _END)
+                ready.put(_END)
                 return
             try:
-                seq, payload = last.get(timeout=POLL_S)
+                seq, payload = last.get(POLL_S, leave=lambda: self._total is not None)
             except queue.Empty:
                 continue
-            if isinstance(payload, shm.SharedPacket):
-                payload = shm.unpack(payload)
+            except EOFError:
+                return
+            try:
+                payload = decode(payload)
+            except Exception as exc:  # a result that cannot be rebuilt here
+                payload = Failure(
+                    self.stage_names[-1],
+                    f"cannot read the result: {type(exc).__name__}: {exc}",
+                    traceback.format_exc(),
+                )
             if not self.ordered:
-                if not self._put(self._ready, payload):
+                if not ready.put(payload):
                     return
                 delivered += 1
                 continue
             pending[seq] = payload
             while delivered in pending:
-                if not self._put(self._ready, pending.pop(delivered)):
+                if not ready.put(pending.pop(delivered)):
                     return
                 delivered += 1
 
@@ -249,10 +317,12 @@ class Pipeline:
     def _take(self) -> Any:
         while True:
             try:
-                return self._ready.get(timeout=POLL_S)
+                return self._ready.get(POLL_S, leave=lambda: self._stopped)
             except queue.Empty:
                 if self._stopped:
                     return _END
+            except EOFError:
+                return _END
 
     # ----------------------------------------------------------------- allocation
 
@@ -378,8 +448,8 @@ class Pipeline:
                         "workers": pool.target,
                         "items_per_s": (items - last_items) / wall,
                         "busy_fraction": min(1.0, max(0.0, busy_fraction)),
-                        "in_queue": _depth(self._links[i]),
-                        "out_queue": _depth(self._links[i + 1]),
+                        "in_queue": self._inboxes[i].qsize(),
+                        "out_queue": self._inboxes[i + 1].qsize(),
                         "queue_capacity": self.queue_size,
                         "cpu_percent": 100.0 * cpu_s / wall,
                         "rss_mb": rss / 2**20,
@@ -456,10 +526,3 @@ class Pipeline:
             "wait_ms": 1000.0 * wait / taken if taken else 0.0,
             "device": "cpu",
         }
-
-
-def _depth(q: Any) -> int:
-    try:
-        return int(q.qsize())
-    except (NotImplementedError, OSError):
-        return 0

@@ -1,69 +1,162 @@
-"""The workers of one stage: start, retire, reap, and the counters they leave behind."""
+"""The workers of one stage: start, retire, replace the dead, stop, and their counters.
+
+A thread worker takes items from the stage's inbox itself. A process worker is fed by two
+threads of the pipeline's process, one writing items to its pipe (at most ``DEPTH`` ahead
+of its answers, so it never waits for its next item), one reading its answers into the next
+stage's inbox. The pipeline keeps every item a process worker has not answered; if the
+worker dies, those items go back to the head of the inbox for another worker, and the pool
+starts a replacement. An item that kills ``max_item_retries + 1`` workers in a row is not
+tried again: it reaches the consumer as the stage's failure.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import queue
+import select
+import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
 import psutil
 
-from agents.pipeline import shm
+from agents.pipeline.inbox import Inbox
 from agents.pipeline.stage import Stage
-from agents.pipeline.worker import BUSY_S, FIRST_OUTPUT_AT, ITEMS, WIDTH, WorkerSpec, run_worker
+from agents.pipeline.worker import (
+    BUSY_S,
+    FIRST_OUTPUT_AT,
+    HEADER,
+    ITEM,
+    ITEMS,
+    POLL_S,
+    RETIRE,
+    WIDTH,
+    Encoded,
+    Failure,
+    WorkerSpec,
+    encode,
+    serve_thread,
+)
+from agents.pipeline.zygote import LauncherGone, Zygote
+
+log = logging.getLogger("agents.pipeline")
+
+# Items a process worker holds at once: the one it works on and the next, already in its pipe.
+DEPTH = 2
 
 
-@dataclass
+@dataclass(eq=False)
 class WorkerHandle:
     """One running (or retiring) worker of a stage."""
 
     slot: int
-    handle: Any  # multiprocessing Process or threading.Thread
-    retire: Any
+    kind: str
     started_at: float
-    pid: int | None = None
+    retire: threading.Event = field(default_factory=threading.Event)
+    # A thread worker
+    thread: threading.Thread | None = None
     native_id: int | None = None
+    # A process worker
+    pid: int | None = None
+    pidfd: int | None = None
+    items: Connection | None = None
+    results: Connection | None = None
     process: psutil.Process | None = field(default=None, repr=False)
+    relays: list[threading.Thread] = field(default_factory=list)
+    outstanding: deque = field(default_factory=deque)  # (seq, payload) sent, not answered
+    cv: threading.Condition = field(default_factory=threading.Condition)
+    ended: bool = False  # a process worker's result pipe reached its end
 
     def alive(self) -> bool:
-        """Say whether the worker is still running."""
-        return self.handle.is_alive()
+        """Say whether the worker still runs (a process worker: its pipe is still open)."""
+        if self.kind == "thread":
+            return self.thread is not None and self.thread.is_alive()
+        return not self.ended
+
+    def signal(self, signum: int) -> None:
+        """Send a signal to a process worker, to this very process (never a reused pid)."""
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            elif self.pid is not None:
+                os.kill(self.pid, signum)
+        except (ProcessLookupError, OSError):
+            pass
+
+    def exited(self) -> bool:
+        """Say whether a process worker's process has exited (not merely closed its pipes)."""
+        if self.pidfd is not None:
+            ready, _, _ = select.select([self.pidfd], [], [], 0)
+            return bool(ready)
+        if self.process is None:
+            return True
+        try:
+            return self.process.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
+    def close(self) -> None:
+        """Close the pipeline's ends of the worker's pipes and its pidfd."""
+        for conn in (self.items, self.results):
+            if conn is not None:
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+        if self.pidfd is not None:
+            try:
+                os.close(self.pidfd)
+            except OSError:
+                pass
+            self.pidfd = None
 
 
 class StagePool:
     """Keeps a stage's worker count at its target while the pipeline runs.
 
-    Growing starts workers at once; shrinking sets the retire flag of the newest workers, which
-    leave after the item they hold, and are reaped later. Each worker owns one slot of a shared
-    array of counters (items, busy seconds, time of first output); a slot is reused only after
-    its previous owner exited, so counters only grow and per-interval figures are differences.
+    Growing starts workers at once; shrinking sets the retire flag of the newest workers,
+    which leave once they answered what they hold. Each worker owns one slot of a shared
+    array of counters (items, busy seconds, time of first output); per-interval figures are
+    differences of the sums, so they stay right across retirements.
     """
 
     def __init__(
         self,
         stage: Stage,
-        in_queue: Any,
-        out_queue: Any,
+        index: int,
+        inbox: Inbox,
+        outbox: Inbox,
         context: Any,
-        stop: Any,
+        stop: threading.Event,
         pack_prefix: str | None,
         keep_heap: bool = True,
+        max_item_retries: int = 2,
     ) -> None:
         self.stage = stage
-        self.in_queue = in_queue
-        self.out_queue = out_queue
-        self.context = context
+        self.index = index
+        self.inbox = inbox
+        self.outbox = outbox
         self.stop_flag = stop
         self.pack_prefix = pack_prefix
         self.keep_heap = keep_heap
+        self.max_item_retries = max_item_retries
         # Room for a full pool and as many retiring workers again, twice over.
         self.slots = 4 * stage.ceiling
         self.counters = context.RawArray("d", self.slots * WIDTH)
+        # Exit status of each slot's last process worker (NaN: none yet), by the launcher.
+        self.statuses = context.RawArray("d", self.slots)
+        self.zygote: Zygote | None = None
         self.active: list[WorkerHandle] = []
         self.retiring: list[WorkerHandle] = []
         self.affinity: list[int] | None = list(stage.cpu_affinity) if stage.cpu_affinity else None
+        self.deaths: dict[int, int] = {}  # seq -> workers that died on it
+        self.died = 0  # process workers lost to a crash or a kill, over the pipeline's life
         self._worker_seconds = 0.0
         self._counted_at = time.monotonic()
 
@@ -71,6 +164,21 @@ class StagePool:
     def target(self) -> int:
         """The worker count the stage runs at (retiring workers not included)."""
         return len(self.active)
+
+    def spec(self, slot: int, affinity: list[int] | None) -> WorkerSpec:
+        """What the worker in ``slot`` runs with."""
+        in_process = self.stage.kind == "process"
+        return WorkerSpec(
+            stage=self.stage.name,
+            fn=self.stage.fn,
+            counters=self.counters,
+            slot=slot,
+            pack_prefix=self.pack_prefix if in_process and self.stage.shared_memory else None,
+            shm_min_bytes=self.stage.shm_min_bytes,
+            cpu_affinity=affinity,
+            keep_heap=self.keep_heap,
+            init=self.stage.init,
+        )
 
     def resize(self, count: int) -> list[int]:
         """Grow or shrink to ``count`` workers; return the slots of the workers started."""
@@ -81,59 +189,210 @@ class StagePool:
             started.append(self._start_worker().slot)
         while len(self.active) > count:
             worker = self.active.pop()
-            worker.retire.set()
+            self._retire(worker)
             self.retiring.append(worker)
         return started
+
+    def maintain(self) -> list[WorkerHandle]:
+        """Replace active process workers that died; forget retired ones that left.
+
+        Returns the workers replaced."""
+        if self.stop_flag.is_set():
+            return []
+        self.reap()
+        dead = [w for w in self.active if w.kind == "process" and w.ended]
+        for worker in dead:
+            self._account()
+            self.active.remove(worker)
+            worker.close()
+        for _ in dead:
+            self._start_worker()
+        return dead
+
+    def _retire(self, worker: WorkerHandle) -> None:
+        with worker.cv:
+            worker.retire.set()
+            worker.cv.notify_all()
+        self.inbox.wake()
 
     def _free_slot(self) -> int:
         used = {w.slot for w in self.active} | {w.slot for w in self.retiring}
         for slot in range(self.slots):
             if slot not in used:
                 return slot
-        # Every slot belongs to a live worker: wait for the retiring ones to leave.
-        for worker in self.retiring:
-            worker.handle.join()
-        self.reap()
-        return self._free_slot()
+        # Every slot belongs to a worker: share the oldest retiring one's (its counters are
+        # sums, so they stay right; only its first-output time is overwritten).
+        return self.retiring[0].slot
 
     def _start_worker(self) -> WorkerHandle:
         slot = self._free_slot()
         self.counters[slot * WIDTH + FIRST_OUTPUT_AT] = 0.0
-        in_process = self.stage.kind == "process"
-        retire = self.context.Event() if in_process else threading.Event()
-        spec = WorkerSpec(
-            stage=self.stage.name,
-            fn=self.stage.fn,
-            in_queue=self.in_queue,
-            out_queue=self.out_queue,
-            retire=retire,
-            stop=self.stop_flag,
-            counters=self.counters,
-            slot=slot,
-            in_process=in_process,
-            pack_prefix=self.pack_prefix if in_process and self.stage.shared_memory else None,
-            shm_min_bytes=self.stage.shm_min_bytes,
-            cpu_affinity=self.affinity,
-            parent_pid=os.getpid(),
-            keep_heap=self.keep_heap,
-        )
-        name = f"intune-{self.stage.name}-{slot}"
-        if in_process:
-            handle = self.context.Process(target=run_worker, args=(spec,), name=name, daemon=True)
+        worker = WorkerHandle(slot, self.stage.kind, time.time())
+        if self.stage.kind == "process":
+            self._start_process(worker)
         else:
-            handle = threading.Thread(target=run_worker, args=(spec,), name=name, daemon=True)
-        handle.start()
-        worker = WorkerHandle(slot, handle, retire, time.time())
-        if in_process:
-            worker.pid = handle.pid
-            try:
-                worker.process = psutil.Process(handle.pid)
-            except psutil.Error:
-                worker.process = None
-        else:
-            worker.native_id = handle.native_id
+            spec = self.spec(slot, self.affinity)
+            worker.thread = threading.Thread(
+                target=serve_thread,
+                args=(spec, self.inbox, self.outbox, lambda: self._leaving(worker)),
+                name=f"intune-{self.stage.name}-{slot}",
+                daemon=True,
+            )
+            worker.thread.start()
+            worker.native_id = worker.thread.native_id
         self.active.append(worker)
         return worker
+
+    def _start_process(self, worker: WorkerHandle) -> None:
+        assert self.zygote is not None
+        self.statuses[worker.slot] = math.nan
+        request = {
+            "stage_index": self.index,
+            "slot": worker.slot,
+            "affinity": self.affinity,
+            "status_index": (self.index, worker.slot),
+        }
+        try:
+            pid, pidfd, items_fd, results_fd = self.zygote.spawn(request)
+        except LauncherGone as exc:
+            # Counted as a worker that died at once: the pipeline replaces the launcher.
+            log.warning("stage '%s': could not start a worker: %s", self.stage.name, exc)
+            worker.ended = True
+            return
+        worker.pid, worker.pidfd = pid, pidfd
+        worker.items = Connection(items_fd, readable=False)
+        worker.results = Connection(results_fd, writable=False)
+        try:
+            worker.process = psutil.Process(pid)
+        except psutil.Error:
+            worker.process = None
+        name = f"intune-{self.stage.name}-{worker.slot}"
+        worker.relays = [
+            threading.Thread(target=self._feed, args=(worker,), name=f"{name}-in", daemon=True),
+            threading.Thread(target=self._read, args=(worker,), name=f"{name}-out", daemon=True),
+        ]
+        for relay in worker.relays:
+            relay.start()
+
+    # ------------------------------------------------------------- a process worker's relays
+
+    def _leaving(self, worker: WorkerHandle) -> bool:
+        return worker.retire.is_set() or self.stop_flag.is_set() or worker.ended
+
+    def _feed(self, worker: WorkerHandle) -> None:
+        """Send items from the inbox to one process worker, ``DEPTH`` ahead of its answers."""
+        while True:
+            with worker.cv:
+                while len(worker.outstanding) >= DEPTH and not self._leaving(worker):
+                    worker.cv.wait(POLL_S)
+            if self._leaving(worker):
+                break
+            try:
+                seq, payload = self.inbox.get(POLL_S, leave=lambda: self._leaving(worker))
+            except queue.Empty:
+                continue
+            except EOFError:
+                break
+            try:
+                body = encode(payload)
+            except Exception as exc:  # an item that cannot be pickled fails in this stage
+                failure = Failure(
+                    self.stage.name,
+                    f"cannot send the item to a worker process: {type(exc).__name__}: {exc}",
+                    "",
+                )
+                self.outbox.put((seq, failure))
+                continue
+            with worker.cv:
+                if worker.ended:  # died meanwhile: its reader has already put its items back
+                    self.inbox.put_front([(seq, payload)])
+                    break
+                worker.outstanding.append((seq, payload))
+            try:
+                worker.items.send_bytes(HEADER.pack(seq, ITEM))
+                worker.items.send_bytes(body)
+            except OSError:
+                break  # it died: its reader puts what it held back in the inbox
+        if not worker.ended:
+            try:
+                worker.items.send_bytes(HEADER.pack(-1, RETIRE))
+            except OSError:
+                pass
+
+    def _read(self, worker: WorkerHandle) -> None:
+        """Pass one process worker's answers to the next inbox until its pipe ends."""
+        try:
+            while True:
+                header = worker.results.recv_bytes()
+                body = worker.results.recv_bytes()
+                seq, _ = HEADER.unpack(header)
+                with worker.cv:
+                    for k, (held, _) in enumerate(worker.outstanding):
+                        if held == seq:
+                            del worker.outstanding[k]
+                            break
+                    worker.cv.notify_all()
+                self.deaths.pop(seq, None)
+                if not self.outbox.put((seq, Encoded(body))):
+                    return  # the pipeline is stopping
+        except (EOFError, OSError):
+            pass
+        finally:
+            with worker.cv:
+                worker.ended = True
+                lost = list(worker.outstanding)
+                worker.outstanding.clear()
+                worker.cv.notify_all()
+        if self.stop_flag.is_set() or (worker.retire.is_set() and not lost):
+            return
+        self._recover(worker, lost)
+
+    def _recover(self, worker: WorkerHandle, lost: list[tuple[int, Any]]) -> None:
+        """A process worker died: say how, and give what it held to the other workers."""
+        self.died += 1
+        how = self._how_it_ended(worker)
+        if lost:
+            seq, _ = lost[0]  # the item it was working on
+            self.deaths[seq] = self.deaths.get(seq, 0) + 1
+            if self.deaths[seq] > self.max_item_retries:
+                del self.deaths[seq]
+                log.error(
+                    "stage '%s': item %d killed %d workers (the last %s); not tried again",
+                    self.stage.name,
+                    seq,
+                    self.max_item_retries + 1,
+                    how,
+                )
+                failure = Failure(
+                    self.stage.name,
+                    f"WorkerDied: {self.max_item_retries + 1} workers died on this item "
+                    f"(the last {how})",
+                    "",
+                )
+                self.outbox.put((seq, failure))
+                lost = lost[1:]
+        log.warning(
+            "stage '%s': worker pid %s %s holding %d item(s); they go to another worker",
+            self.stage.name,
+            worker.pid,
+            how,
+            len(lost),
+        )
+        self.inbox.put_front(lost)
+
+    def _how_it_ended(self, worker: WorkerHandle, wait_s: float = 0.5) -> str:
+        deadline = time.monotonic() + wait_s
+        while math.isnan(self.statuses[worker.slot]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status = self.statuses[worker.slot]
+        if math.isnan(status):
+            return "ended"
+        if status < 0:
+            name = signal.Signals(int(-status)).name if -status < signal.NSIG else "?"
+            return f"was killed by signal {int(-status)} ({name})"
+        return f"exited with code {int(status)}"
+
+    # ------------------------------------------------------------- the rest
 
     def pin(self, cpus: list[int] | None) -> None:
         """Pin this stage's workers, now and future, to ``cpus`` (``None``: leave as is)."""
@@ -143,19 +402,21 @@ class StagePool:
         if not cpus or self.stage.kind != "process":
             return
         for worker in self.active:
+            if worker.pid is None:
+                continue
             try:
                 os.sched_setaffinity(worker.pid, cpus)
             except (OSError, AttributeError):
                 pass  # it exited meanwhile, or the platform cannot pin
 
     def reap(self) -> None:
-        """Forget retired workers that have exited."""
+        """Forget retired workers that have left."""
         still = []
         for worker in self.retiring:
             if worker.alive():
                 still.append(worker)
-            elif self.stage.kind == "process":
-                worker.handle.join(0)
+            else:
+                worker.close()
         self.retiring = still
 
     def first_outputs(self, slots: list[int]) -> list[float]:
@@ -180,41 +441,52 @@ class StagePool:
 
     def processes(self) -> list[psutil.Process]:
         """The live worker processes (active and retiring), for CPU and memory figures."""
-        return [w.process for w in self.active + self.retiring if w.process is not None]
+        return [
+            w.process for w in self.active + self.retiring if w.process is not None and not w.ended
+        ]
 
     def thread_ids(self) -> list[int]:
         """The native thread ids of a thread stage's workers."""
         return [w.native_id for w in self.active + self.retiring if w.native_id is not None]
 
-    def shutdown(self, timeout: float = 2.0) -> None:
-        """Stop every worker; escalate to terminate, then kill, for any that do not leave."""
+    def shutdown(self, deadline: float, grace_s: float = 1.0) -> list[str]:
+        """Stop every worker by ``deadline`` (monotonic): process workers are asked to leave,
+        and killed if they have not within ``grace_s``. Returns what could not be stopped
+        (threads stuck in the stage's function; a thread cannot be killed)."""
         workers = self.active + self.retiring
         self.active, self.retiring = [], []
         for worker in workers:
-            worker.retire.set()
-        deadline = time.monotonic() + timeout
+            self._retire(worker)
+        processes = [w for w in workers if w.kind == "process" and w.pid is not None]
+        grace_end = min(deadline, time.monotonic() + grace_s)
+        _wait_exited(processes, grace_end)
+        for worker in processes:
+            if not worker.exited():
+                worker.signal(signal.SIGKILL)
+        _wait_exited(processes, deadline + 1.0)
+        for worker in processes:
+            for relay in worker.relays:
+                relay.join(max(0.0, min(0.5, deadline + 1.0 - time.monotonic())))
+            if not any(relay.is_alive() for relay in worker.relays):
+                worker.close()
+        stuck = []
         for worker in workers:
-            worker.handle.join(max(0.0, deadline - time.monotonic()))
-        if self.stage.kind != "process":
-            return  # a thread stuck inside fn cannot be killed; it is a daemon thread
-        for worker in workers:
-            if worker.handle.is_alive():
-                worker.handle.terminate()
-                worker.handle.join(0.5)
-            if worker.handle.is_alive():
-                worker.handle.kill()
-                worker.handle.join(0.5)
-
-    def discard_pending(self) -> None:
-        """Empty the stage's input queue, dropping shared-memory results nobody will read."""
-        _drain(self.in_queue)
+            if worker.kind == "thread" and worker.thread is not None:
+                worker.thread.join(max(0.0, deadline - time.monotonic()))
+                if worker.thread.is_alive():
+                    stuck.append(worker.thread.name)
+        return stuck
 
 
-def _drain(q: Any) -> None:
+def _wait_exited(workers: list[WorkerHandle], deadline: float) -> None:
+    """Wait until every worker's process has exited, or until ``deadline``."""
     while True:
-        try:
-            _, payload = q.get_nowait()
-        except Exception:
+        left = [w for w in workers if not w.exited()]
+        remaining = deadline - time.monotonic()
+        if not left or remaining <= 0:
             return
-        if isinstance(payload, shm.SharedPacket):
-            shm.discard(payload)
+        fds = [w.pidfd for w in left if w.pidfd is not None]
+        if fds:
+            select.select(fds, [], [], min(remaining, 0.1))
+        else:
+            time.sleep(min(remaining, 0.02))

@@ -283,19 +283,29 @@ def _skeleton(obj: Any, layout: dict[int, _Slot | _View]) -> Any:
     return obj
 
 
-def unpack(packet: SharedPacket) -> Any:
-    """Rebuild the result a ``SharedPacket`` stands for, and free or unlink its file."""
+def unpack(packet: SharedPacket, release: bool = True) -> Any:
+    """Rebuild the result a ``SharedPacket`` stands for.
+
+    With ``release`` (the default) its file is given back at once: a pooled file is flagged
+    free for its producer, a one-off file is unlinked (the mapping keeps its pages while
+    views of it live). A process worker passes ``False`` and calls ``free()`` once it has
+    answered the item: until then the packet can be read again, whole, by another worker if
+    this one dies.
+    """
     if packet.pooled:
-        return _unpack_pooled(packet)
-    fd = os.open(packet.path, os.O_RDWR)
-    try:
-        region = mmap.mmap(fd, packet.size, flags=_MAP_FLAGS)
-    finally:
-        os.close(fd)
-        # Unlinking now is safe: the mapping keeps the pages until its last view is gone.
-        os.unlink(packet.path)
-    view = np.frombuffer(region, dtype=np.uint8)
-    return _rebuild(packet.skeleton, view)
+        result = _unpack_pooled(packet)
+    else:
+        fd = os.open(packet.path, os.O_RDWR)
+        try:
+            region = mmap.mmap(fd, packet.size, flags=_MAP_FLAGS)
+        finally:
+            os.close(fd)
+        # A one-off file is kept as views (no copy): unlinking it later is safe, the mapping
+        # keeps the pages until its last view is gone.
+        result = _rebuild(packet.skeleton, np.frombuffer(region, dtype=np.uint8))
+    if release:
+        free(packet)
+    return result
 
 
 def _unpack_pooled(packet: SharedPacket) -> Any:
@@ -314,12 +324,31 @@ def _unpack_pooled(packet: SharedPacket) -> Any:
     view = np.frombuffer(region, dtype=np.uint8)[_HEADER:]
     result = _rebuild(packet.skeleton, view, copy=True)
     del view
+    return result
+
+
+def free(packet: SharedPacket) -> None:
+    """Give a read packet's file back: free a pooled one for its producer, unlink a one-off."""
+    if not packet.pooled:
+        _unlink(packet.path)
+        return
+    pool = _local()
+    with pool.lock:
+        region = pool.mapped.get(packet.path)
+    if region is None:
+        try:
+            fd = os.open(packet.path, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            region = mmap.mmap(fd, _HEADER)
+        finally:
+            os.close(fd)
     region[_IN_FLIGHT] = 0  # the producer may reuse the file now
     if region[_ORPHANED]:
         _unlink(packet.path)
         with pool.lock:
             pool.mapped.pop(packet.path, None)
-    return result
 
 
 def _rebuild(skeleton: Any, view: np.ndarray, copy: bool = False, memo: dict | None = None):

@@ -28,6 +28,9 @@ class Stage:
       pipeline's ``pin_cpus`` option (or to the operating system).
     - ``shared_memory``: move this stage's results to the next process through shared memory
       (process stages only; results under ``shm_min_bytes`` still go by pickle).
+    - ``init``: called once in every worker, before its first item, with the worker's slot
+      (a small integer, unique among the stage's live workers), as DataLoader's
+      ``worker_init_fn``; if it raises, every item that worker takes fails with its error.
     """
 
     name: str
@@ -39,6 +42,7 @@ class Stage:
     cpu_affinity: Sequence[int] | None = None
     shared_memory: bool = True
     shm_min_bytes: int = 64 * 1024
+    init: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

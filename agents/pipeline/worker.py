@@ -1,30 +1,47 @@
-"""The loop every stage worker runs, in a process or in a thread.
+"""The loops stage workers run: a process worker behind its own pipes, a thread worker.
 
-A worker takes ``(seq, item)`` from its stage's input queue, applies the stage's function and
-puts ``(seq, result)`` on the output queue. It leaves only between items, when its own retire
-flag is set (a live resize) or the pipeline's stop flag is set, so an item it took is never
-lost. Its counters live in a shared array the pipeline reads for metrics.
+Every item travels as ``(seq, payload)``. A process worker owns two private pipes to the
+pipeline's process: items come in on one, results go out on the other, each as a small
+header (the item's number and what follows) and a pickled body. Pipes that belong to one
+worker alone are what make a worker expendable: when it dies (killed, out of memory, a crash
+in native code) only its own pipes are torn, the pipeline sees end-of-file on them, and sends
+the items it had not answered to another worker. A queue shared by several processes cannot
+give that: a process killed while it holds the queue's lock, or halfway through a message,
+leaves every other user of the queue waiting forever.
+
+A thread worker takes items from its stage's inbox and puts results in the next one.
+
+Either leaves only between items, so an item it took is answered, and its counters live in a
+shared array the pipeline reads for metrics.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import queue
+import signal
+import struct
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, NamedTuple
 
 from agents.pipeline import heap, shm
 
-# How often a waiting worker looks at its retire and stop flags. It bounds how long a retired
-# worker lingers, not how fast items flow (a waiting get() returns as soon as an item comes).
-POLL_S = 0.02
+# How long a waiting thread worker sleeps between looks at its retire and stop flags; a
+# wait is also cut short by the inbox whenever a flag changes, so this only bounds a lapse.
+POLL_S = 0.5
 
 # Per-worker counters in the stage's shared array, at slot * WIDTH + field.
 ITEMS, BUSY_S, FIRST_OUTPUT_AT, WIDTH = 0, 1, 2, 3
+
+# The header before every body on a worker's pipes: the item's number and what follows.
+HEADER = struct.Struct("<qB")
+ITEM, RETIRE = 0, 1
 
 
 @dataclass
@@ -36,88 +53,161 @@ class Failure:
     traceback_text: str
 
 
+class Encoded(NamedTuple):
+    """A payload still pickled, as a process worker sent it: relayed to the next process
+    without being unpickled in between, and unpickled only where it is used."""
+
+    data: bytes
+
+
+def encode(payload: Any) -> bytes:
+    """Pickle a payload for a worker's pipe (``Encoded`` payloads are passed through)."""
+    if isinstance(payload, Encoded):
+        return payload.data
+    return bytes(ForkingPickler.dumps(payload))
+
+
+def decode(payload: Any, release: bool = True) -> Any:
+    """The item a payload stands for: unpickled, its shared-memory buffers mapped back.
+
+    With ``release`` the shared-memory file is given back at once; a process worker passes
+    ``False`` and releases it only once its result is sent, so that an item whose worker
+    died on it can be sent again, whole, to another worker.
+    """
+    if isinstance(payload, Encoded):
+        payload = pickle.loads(payload.data)
+    if isinstance(payload, shm.SharedPacket):
+        return shm.unpack(payload, release=release)
+    return payload
+
+
 @dataclass
 class WorkerSpec:
-    """What one worker needs; the same object drives a process or a thread worker."""
+    """What one worker needs; the same object describes a process or a thread worker."""
 
     stage: str
     fn: Callable[[Any], Any]
-    in_queue: Any
-    out_queue: Any
-    retire: Any  # threading.Event or multiprocessing.Event
-    stop: Any  # the pipeline's stop flag
     counters: Any  # shared array of doubles
     slot: int
-    in_process: bool
     pack_prefix: str | None  # shared-memory prefix, or None to send results by pickle
     shm_min_bytes: int
     cpu_affinity: list[int] | None
-    parent_pid: int
     keep_heap: bool = True  # see agents.pipeline.heap
+    init: Callable[[int], Any] | None = None  # the stage's per-worker setup, given the slot
 
 
-def run_worker(spec: WorkerSpec) -> None:
-    """Serve items until retired or stopped (the target of every worker)."""
-    if spec.in_process:
-        _settle_process(spec)
+def _apply(
+    spec: WorkerSpec, payload: Any, release: bool, broken: Failure | None = None
+) -> tuple[Any, Any]:
+    """Run the stage on one payload; return the result (or a ``Failure``) and the input
+    packet to release afterwards, if any. ``broken``: the worker's setup failed, and every
+    item it takes fails with that error."""
+    if isinstance(payload, Failure):
+        return payload, None
+    if broken is not None:
+        if isinstance(payload, Encoded):
+            payload = pickle.loads(payload.data)
+        if isinstance(payload, shm.SharedPacket):
+            if release:
+                shm.free(payload)
+                return broken, None
+            return broken, payload
+        return broken, None
+    packet = None
     try:
-        _serve(spec)
-    finally:
-        if spec.in_process:
-            shm.release_pool()
-            if os.getppid() != spec.parent_pid and spec.pack_prefix is not None:
-                # The pipeline's process died: nobody will read what is in flight.
-                shm.sweep(spec.pack_prefix)
-        if spec.in_process and (spec.stop.is_set() or os.getppid() != spec.parent_pid):
-            # A stopped pipeline discards what is in flight: do not block exit flushing it.
-            # A retired worker, on the contrary, flushes its last result before it exits.
-            spec.out_queue.cancel_join_thread()
-
-
-def _serve(spec: WorkerSpec) -> None:
-    base = spec.slot * WIDTH
-    counters = spec.counters
-    while not (spec.retire.is_set() or spec.stop.is_set()):
-        try:
-            seq, payload = spec.in_queue.get(timeout=POLL_S)
-        except queue.Empty:
-            if spec.in_process and os.getppid() != spec.parent_pid:
-                return  # the pipeline's process died: do not linger as an orphan
-            continue
-        started = time.perf_counter()
+        if isinstance(payload, Encoded):
+            payload = pickle.loads(payload.data)
         if isinstance(payload, Failure):
-            result = payload
-        else:
+            return payload, None
+        if isinstance(payload, shm.SharedPacket):
+            packet = None if release else payload
+            payload = shm.unpack(payload, release=release)
+        result = spec.fn(payload)
+        if spec.pack_prefix is not None:
+            result = shm.pack(result, spec.pack_prefix, spec.shm_min_bytes)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit in fn is the stage's error too
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result = Failure(spec.stage, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    return result, packet
+
+
+def _setup(spec: WorkerSpec) -> Failure | None:
+    """Run the stage's per-worker setup; a failure is returned, to fail every item with."""
+    if spec.init is None:
+        return None
+    try:
+        spec.init(spec.slot)
+    except Exception as exc:
+        return Failure(
+            spec.stage, f"worker setup failed: {type(exc).__name__}: {exc}", traceback.format_exc()
+        )
+    return None
+
+
+def _count(spec: WorkerSpec, busy_s: float) -> None:
+    base = spec.slot * WIDTH
+    spec.counters[base + BUSY_S] += busy_s
+    spec.counters[base + ITEMS] += 1
+    if spec.counters[base + FIRST_OUTPUT_AT] == 0.0:
+        spec.counters[base + FIRST_OUTPUT_AT] = time.time()
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def serve_process(spec: WorkerSpec, items_fd: int, results_fd: int) -> None:
+    """A worker process's whole life: settle, then answer items until told to retire.
+
+    It leaves when the pipeline sends ``RETIRE`` (after answering every item sent before
+    it) or closes the item pipe; it never outlives the process it was started for (the
+    launcher kills its workers when the pipeline's process dies, see ``zygote``).
+    """
+    from multiprocessing.connection import Connection
+
+    items = Connection(items_fd, writable=False)
+    results = Connection(results_fd, readable=False)
+    _settle_process(spec)
+    try:
+        broken = _setup(spec)
+        while True:
             try:
-                item = shm.unpack(payload) if isinstance(payload, shm.SharedPacket) else payload
-                result = spec.fn(item)
-                if spec.pack_prefix is not None:
-                    result = shm.pack(result, spec.pack_prefix, spec.shm_min_bytes)
-            except Exception as exc:  # the consumer gets it, in order, as StageFailed
-                result = Failure(spec.stage, f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        counters[base + BUSY_S] += time.perf_counter() - started
-        if not _put(spec, (seq, result)):
-            return
-        counters[base + ITEMS] += 1
-        if counters[base + FIRST_OUTPUT_AT] == 0.0:
-            counters[base + FIRST_OUTPUT_AT] = time.time()
-
-
-def _put(spec: WorkerSpec, message: tuple[int, Any]) -> bool:
-    """Put a result downstream, waiting for room; give up only when the pipeline stops."""
-    while True:
-        try:
-            spec.out_queue.put(message, timeout=POLL_S)
-            return True
-        except queue.Full:
-            if spec.stop.is_set() or (spec.in_process and os.getppid() != spec.parent_pid):
-                if isinstance(message[1], shm.SharedPacket):
-                    shm.discard(message[1])
-                return False
+                seq, kind = HEADER.unpack(items.recv_bytes())
+                if kind == RETIRE:
+                    return
+                body = items.recv_bytes()
+            except (EOFError, OSError):
+                return  # the pipeline closed the pipe, or its process is gone
+            started = time.perf_counter()
+            result, packet = _apply(spec, Encoded(body), release=False, broken=broken)
+            busy = time.perf_counter() - started
+            try:
+                data = encode(result)
+            except Exception as exc:  # an unpicklable result is the stage's error
+                data = encode(
+                    Failure(
+                        spec.stage,
+                        f"cannot send the result to the next stage: {type(exc).__name__}: {exc}",
+                        traceback.format_exc(),
+                    )
+                )
+            try:
+                results.send_bytes(HEADER.pack(seq, ITEM))
+                results.send_bytes(data)
+            except OSError:
+                return  # the pipeline stopped reading: it is stopping
+            _count(spec, busy)
+            if packet is not None:
+                shm.free(packet)  # answered: the input's shared file may be reused
+    finally:
+        shm.release_pool()
 
 
 def _settle_process(spec: WorkerSpec) -> None:
-    """Prepare a freshly started worker process: threads, CPUs, and a quiet exit."""
+    """Prepare a freshly forked worker process: signals, threads, heap and CPUs."""
+    # Ctrl-C reaches the whole process group; the pipeline's process decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch = sys.modules.get("torch")
     if torch is not None:
         # As DataLoader does: one intra-op thread per worker, or workers fight over the cores.
@@ -129,3 +219,25 @@ def _settle_process(spec: WorkerSpec) -> None:
             os.sched_setaffinity(0, spec.cpu_affinity)
         except (AttributeError, OSError):
             pass
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+def serve_thread(spec: WorkerSpec, inbox: Any, outbox: Any, leave: Callable[[], bool]) -> None:
+    """A thread worker: take items from ``inbox`` and put results in ``outbox`` until
+    ``leave()`` (retired or stopped) or the inboxes close."""
+    broken = _setup(spec)
+    while not leave():
+        try:
+            seq, payload = inbox.get(timeout=POLL_S, leave=leave)
+        except queue.Empty:
+            continue
+        except EOFError:
+            return
+        started = time.perf_counter()
+        result, _ = _apply(spec, payload, release=True, broken=broken)
+        busy = time.perf_counter() - started
+        if not outbox.put((seq, result)):
+            return  # closed: the pipeline is stopping
+        _count(spec, busy)

@@ -1,0 +1,256 @@
+"""The launcher every worker process of a pipeline is forked from.
+
+Forking a process that runs threads copies its memory, locks included, but only the thread
+that forked: a lock another thread held at that moment stays held in the child forever. A
+pipeline runs threads (its source, its collector, thread stages, the relays of process
+workers, and whatever the training script runs), so a worker forked from it during a live
+resize could hang on its first ``malloc``-adjacent lock, import or log line. The launcher is
+forked once, when the pipeline starts and before the pipeline starts any thread of its own;
+it runs no thread and no user code, and forks every worker of the pipeline on request.
+
+It talks to the pipeline over a ``SOCK_SEQPACKET`` socket: a request carries the stage, the
+worker's slot and CPUs, with the worker's two pipe ends as passed file descriptors; the
+answer carries the new worker's pid and a pidfd, which the pipeline uses to signal and watch
+that very process (a pid alone could be reused once the process is reaped).
+
+The launcher reaps its workers and keeps their exit status in a shared array, so a worker's
+death can be explained ("killed by signal 9"). When the pipeline's process dies the launcher
+notices (its socket closes, or its parent changes), kills every worker, removes the
+pipeline's shared-memory files and exits; each worker is also set to die with the launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Every fork of the pipeline's process that this package makes holds this lock, so that no
+# fork of ours copies pipe ends that another of our pipelines is handing over to a worker.
+FORK_LOCK = threading.Lock()
+
+_PID = struct.Struct("<q")
+_REQUEST_TIMEOUT_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+class LauncherGone(RuntimeError):
+    """The launcher process is not there any more; the pipeline cannot start workers."""
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent (the launcher) dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher still kills its workers when it leaves normally
+
+
+class Zygote:
+    """The pipeline's side of its launcher process."""
+
+    def __init__(self, serve: Callable[..., None], statuses: Any, prefix: str | None) -> None:
+        """Fork the launcher now.
+
+        ``serve(request, items_fd, results_fd)`` is what a worker runs (in the worker);
+        ``statuses`` a list of shared arrays of doubles, where the launcher writes each
+        worker's exit status at the request's ``status_index`` (array, position); ``prefix`` the shared-memory
+        prefix to sweep if the pipeline's process dies.
+        """
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent = os.getpid()
+        with FORK_LOCK:
+            pid = os.fork()
+        if pid == 0:  # the launcher
+            code = 0
+            try:
+                ours.close()
+                _launcher(theirs, parent, serve, statuses, prefix)
+            except BaseException:  # noqa: BLE001 - never return into the caller's code
+                code = 1
+            finally:
+                os._exit(code)
+        theirs.close()
+        ours.settimeout(_REQUEST_TIMEOUT_S)
+        self.pid = pid
+        self._socket = ours
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def spawn(self, request: dict[str, Any]) -> tuple[int, int | None, int, int]:
+        """Start a worker; return its pid, a pidfd (``None`` where the platform has none),
+        and the pipeline's ends of its item pipe (to write) and result pipe (to read)."""
+        items_r, items_w = os.pipe()
+        results_r, results_w = os.pipe()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise LauncherGone("the pipeline is stopping")
+                try:
+                    with FORK_LOCK:
+                        socket.send_fds(self._socket, [pickle.dumps(request)], [items_r, results_w])
+                        # Only the worker may hold its ends: end-of-file on the result pipe
+                        # is how the pipeline learns that the worker is gone.
+                        os.close(items_r)
+                        os.close(results_w)
+                        items_r = results_w = -1
+                    message, fds, _, _ = socket.recv_fds(self._socket, 64, 1)
+                except (OSError, TimeoutError) as exc:
+                    raise LauncherGone(f"the worker launcher (pid {self.pid}) is gone: {exc}") from exc
+            if not message:
+                raise LauncherGone(f"the worker launcher (pid {self.pid}) closed its socket")
+            (pid,) = _PID.unpack(message)
+            if pid < 0:
+                raise LauncherGone(f"the worker launcher could not fork: {os.strerror(-pid)}")
+            return pid, (fds[0] if fds else None), items_w, results_r
+        except BaseException:
+            for fd in (items_r, results_w, items_w, results_r):
+                if fd >= 0:
+                    _close(fd)
+            raise
+
+    def alive(self) -> bool:
+        """Say whether the launcher still runs."""
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the launcher: it kills any worker left and exits; reap it within ``timeout``."""
+        with self._lock:
+            self._closed = True
+            self._socket.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                return
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.01)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _launcher(
+    sock: socket.socket,
+    parent: int,
+    serve: Callable[..., None],
+    statuses: Any,
+    prefix: str | None,
+) -> None:
+    """The launcher's loop: fork workers on request, reap them, and leave with the pipeline."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    children: dict[int, tuple[int, int]] = {}  # pid -> where its exit status goes
+    try:
+        while True:
+            ready, _, _ = select.select([sock], [], [], 0.2)
+            _reap(children, statuses)
+            if os.getppid() != parent:
+                return  # the pipeline's process died
+            if not ready:
+                continue
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, 4096, 2)
+            except OSError:
+                return
+            if not message:
+                return  # the pipeline closed the socket: it is stopping, or gone
+            request = pickle.loads(message)
+            pid = _fork_worker(sock, request, fds, serve)
+            if pid > 0:
+                children[pid] = request["status_index"]
+            reply_fds = []
+            if pid > 0 and hasattr(os, "pidfd_open"):
+                try:
+                    reply_fds = [os.pidfd_open(pid)]
+                except OSError:
+                    reply_fds = []
+            try:
+                socket.send_fds(sock, [_PID.pack(pid)], reply_fds)
+            except OSError:
+                return
+            finally:
+                for fd in reply_fds:
+                    os.close(fd)
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 2.0
+        while children and time.monotonic() < deadline:
+            _reap(children, statuses)
+            time.sleep(0.01)
+        if prefix is not None and os.getppid() != parent:
+            from agents.pipeline import shm
+
+            shm.sweep(prefix)
+
+
+def _fork_worker(
+    sock: socket.socket, request: dict[str, Any], fds: list[int], serve: Callable[..., None]
+) -> int:
+    """Fork one worker with its two pipe ends; return its pid (a negative errno on failure)."""
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        return -(exc.errno or errno.EAGAIN)
+    if pid == 0:  # the worker
+        code = 0
+        try:
+            sock.close()
+            _die_with_parent()
+            serve(request, fds[0], fds[1])
+        except BaseException:  # noqa: BLE001 - a worker never returns into the launcher
+            code = 1
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    return pid
+
+
+def _reap(children: dict[int, tuple[int, int]], statuses: Any) -> None:
+    """Collect exited workers; write each one's status (exit code, or -signal) to its slot."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        where = children.pop(pid, None)
+        if where is not None and statuses is not None:
+            array, position = where
+            statuses[array][position] = float(os.waitstatus_to_exitcode(status))
