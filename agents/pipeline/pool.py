@@ -321,6 +321,7 @@ class StagePool:
 
     def _read(self, worker: WorkerHandle) -> None:
         """Pass one process worker's answers to the next inbox until its pipe ends."""
+        stopping = False
         try:
             while True:
                 header = worker.results.recv_bytes()
@@ -333,8 +334,10 @@ class StagePool:
                             break
                     worker.cv.notify_all()
                 self.deaths.pop(seq, None)
-                if not self.outbox.put((seq, Encoded(body))):
-                    return  # the pipeline is stopping
+                if not stopping and not self.outbox.put((seq, Encoded(body))):
+                    # The pipeline is stopping: drop the answers, but keep reading, so that
+                    # the worker is never stuck sending one and leaves at once.
+                    stopping = True
         except (EOFError, OSError):
             pass
         finally:

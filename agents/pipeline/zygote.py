@@ -109,7 +109,9 @@ class Zygote:
                         items_r = results_w = -1
                     message, fds, _, _ = socket.recv_fds(self._socket, 64, 1)
                 except (OSError, TimeoutError) as exc:
-                    raise LauncherGone(f"the worker launcher (pid {self.pid}) is gone: {exc}") from exc
+                    raise LauncherGone(
+                        f"the worker launcher (pid {self.pid}) is gone: {exc}"
+                    ) from exc
             if not message:
                 raise LauncherGone(f"the worker launcher (pid {self.pid}) closed its socket")
             (pid,) = _PID.unpack(message)

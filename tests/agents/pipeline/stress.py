@@ -1,0 +1,303 @@
+"""Generated pipelines under generated operations, for the stress tests (short and soak forms).
+
+A scenario is a pipeline shape (1 to 6 stages, thread or process, items of a few bytes to a
+few MB on both sides of the shared-memory threshold, ordered or not, a function that sleeps,
+spins or raises) and a sequence of operations applied while the consumer takes items: live
+resizes, SIGKILL of a worker process (or of the launcher), and a stop that may come before
+the source is exhausted. Every operation runs under a bound; a bound that passes fails the
+run with every thread's stack, which is what a hang looks like.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import queue
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+from agents.pipeline import Pipeline, Stage, StageFailed, shm
+
+# Bounds (seconds). Generous for a 2-core machine kept busy, still far below a hang.
+APPLY_BOUND_S = 5.0
+STOP_BOUND_S = 6.0  # stop_timeout_s (2) + kill + joins
+ITEM_BOUND_S = 30.0  # the longest the consumer may wait for one item
+SIZES = [8, 1024, 40_000, 200_000, 2_000_000]  # bytes; the shm threshold is 64 kB
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stage's function: carries ``(i, blob)`` on, with a blob of ``size`` bytes."""
+
+    name: str
+    size: int
+    behaviour: str  # "sleep", "spin", "raise", "none"
+    ms: float
+    raise_at: int = -1
+
+    def __call__(self, item: tuple[int, bytes]) -> tuple[int, bytes]:
+        """Wait or spin, raise on item ``raise_at``, and pass the item's number on."""
+        i, _ = item
+        if self.behaviour == "raise" and i == self.raise_at:
+            raise ValueError(f"{self.name} refuses item {i}")
+        if self.behaviour == "sleep":
+            time.sleep(self.ms / 1000.0)
+        elif self.behaviour == "spin":
+            end = time.perf_counter() + self.ms / 1000.0
+            while time.perf_counter() < end:
+                pass
+        return i, bytes(self.size)
+
+
+def _source(n: int, size: int):
+    for i in range(n):
+        yield i, bytes(size)
+
+
+@dataclass
+class Scenario:
+    """A generated pipeline shape and the operations to run on it."""
+
+    kinds: list[str]
+    steps: list[Step]
+    ordered: list[bool]
+    items: int
+    source_size: int
+    queue_size: int
+    operations: list[tuple] = field(default_factory=list)
+
+    @property
+    def raises_at(self) -> int | None:
+        """The first item some stage raises on, if any."""
+        marks = [
+            s.raise_at for s in self.steps if s.behaviour == "raise" and s.raise_at < self.items
+        ]
+        return min(marks) if marks else None
+
+    def build(self) -> Pipeline:
+        """The pipeline this scenario describes (not started)."""
+        stages = [
+            Stage(step.name, step, kind=kind, ordered=ordered, max_workers=4)
+            for step, kind, ordered in zip(self.steps, self.kinds, self.ordered, strict=True)
+        ]
+        return Pipeline(
+            lambda: _source(self.items, self.source_size),
+            stages,
+            queue_size=self.queue_size,
+            name="stress",
+            max_item_retries=50,  # kills are random: an item may be unlucky a few times
+        )
+
+
+@st.composite
+def scenarios(draw, max_stages: int = 6, max_items: int = 120, max_operations: int = 8):
+    """Random pipeline shapes with random operations."""
+    n = draw(st.integers(1, max_stages))
+    items = draw(st.integers(0, max_items))
+    kinds = draw(st.lists(st.sampled_from(["thread", "process"]), min_size=n, max_size=n))
+    steps = []
+    for k in range(n):
+        behaviour = draw(st.sampled_from(["none", "sleep", "spin", "raise"]))
+        steps.append(
+            Step(
+                name=f"s{k}",
+                size=draw(st.sampled_from(SIZES)),
+                behaviour=behaviour,
+                ms=draw(st.sampled_from([0.0, 0.5, 2.0, 5.0])),
+                raise_at=draw(st.integers(0, max(items - 1, 0))) if behaviour == "raise" else -1,
+            )
+        )
+    ordered = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    process_stages = [k for k in range(n) if kinds[k] == "process"]
+    operation = st.one_of(
+        st.tuples(
+            st.just("apply"),
+            st.dictionaries(st.sampled_from([s.name for s in steps]), st.integers(1, 4)),
+        ),
+        st.tuples(st.just("consume"), st.integers(0, 30)),
+        *(
+            [
+                st.tuples(st.just("kill"), st.sampled_from(process_stages)),
+                st.tuples(st.just("kill_launcher")),
+            ]
+            if process_stages
+            else []
+        ),
+    )
+    return Scenario(
+        kinds=kinds,
+        steps=steps,
+        ordered=ordered,
+        items=items,
+        source_size=draw(st.sampled_from(SIZES)),
+        queue_size=draw(st.integers(1, 8)),
+        operations=draw(st.lists(operation, max_size=max_operations)),
+    )
+
+
+class Hang(AssertionError):
+    """An operation did not finish within its bound."""
+
+
+def bounded(what: str, seconds: float, fn, *args):
+    """Run ``fn(*args)`` in a thread; fail with every thread's stack if it outlasts
+    ``seconds``. Returns what it returned, and how long it took."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+
+    began = time.monotonic()
+    thread = threading.Thread(target=run, name=f"bounded-{what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    took = time.monotonic() - began
+    if thread.is_alive():
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        raise Hang(f"{what} did not finish within {seconds} s (stacks on stderr)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value"), took
+
+
+@dataclass
+class Tally:
+    """What the stress runs did, for docs/reliability.md."""
+
+    runs: int = 0
+    operations: int = 0
+    kills: int = 0
+    hangs: int = 0
+    longest_stop_s: float = 0.0
+    longest_apply_s: float = 0.0
+
+
+_DONE = object()
+
+
+class Consumer:
+    """Takes items in a thread of its own, so that the test can wait on it with a bound."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.items: queue.Queue = queue.Queue()
+        self.wanted = threading.Semaphore(0)
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(pipeline,), daemon=True)
+        self.thread.start()
+
+    def _run(self, pipeline: Pipeline) -> None:
+        try:
+            for item in pipeline:
+                self.items.put(item[0])
+                while not self.wanted.acquire(timeout=0.05):
+                    if self.done.is_set():
+                        return
+        except BaseException as exc:  # noqa: BLE001 - looked at by the test
+            self.error = exc
+        finally:
+            self.done.set()
+            self.items.put(_DONE)
+
+    def take(self, count: int, received: list[int]) -> None:
+        """Let ``count`` more items through; fail if one takes longer than ``ITEM_BOUND_S``."""
+        for _ in range(count):
+            try:
+                item = self.items.get(timeout=ITEM_BOUND_S)
+            except queue.Empty:
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                raise Hang(f"no item within {ITEM_BOUND_S} s") from None
+            if item is _DONE:
+                self.items.put(_DONE)  # for the next take()
+                return
+            received.append(item)
+            self.wanted.release()
+
+
+def _kill_a_worker(pipeline: Pipeline, stage: int, rng: random.Random) -> bool:
+    workers = [w for w in pipeline._pools[stage].active if w.pid is not None and not w.ended]
+    if not workers:
+        return False
+    rng.choice(workers).signal(signal.SIGKILL)
+    return True
+
+
+def run_scenario(scenario: Scenario, tally: Tally, seed: int = 0) -> None:
+    """Run one scenario and check what the consumer got; raise on a hang or a wrong result."""
+    rng = random.Random(seed)
+    pipeline = scenario.build()
+    tally.runs += 1
+    received: list[int] = []
+    consumer = None
+    try:
+        bounded("start", APPLY_BOUND_S, pipeline.start)
+        consumer = Consumer(pipeline)
+        for operation in scenario.operations:
+            tally.operations += 1
+            kind = operation[0]
+            if kind == "apply":
+                _, took = bounded("apply", APPLY_BOUND_S, pipeline.apply, operation[1])
+                tally.longest_apply_s = max(tally.longest_apply_s, took)
+            elif kind == "consume":
+                consumer.take(operation[1], received)
+            elif kind == "kill":
+                tally.kills += _kill_a_worker(pipeline, operation[1], rng)
+            elif kind == "kill_launcher" and pipeline._zygote is not None:
+                os.kill(pipeline._zygote.pid, signal.SIGKILL)
+                tally.kills += 1
+        stop_early = rng.random() < 0.3
+        if not stop_early:
+            consumer.take(scenario.items + 1, received)
+            bounded("the consumer's end", ITEM_BOUND_S, consumer.done.wait, ITEM_BOUND_S)
+    except Hang:
+        tally.hangs += 1
+        raise
+    finally:
+        if consumer is not None:
+            consumer.done.set()
+        _, took = bounded("stop", STOP_BOUND_S, pipeline.stop)
+        tally.longest_stop_s = max(tally.longest_stop_s, took)
+    leftovers = [f for f in os.listdir(shm.SHM_DIR) if f.startswith(pipeline._prefix)]
+    assert not leftovers, f"shared-memory files left behind: {leftovers}"
+    if stop_early:
+        _check_prefix(scenario, received)
+        return
+    _check_complete(scenario, received, consumer.error)
+
+
+def _expected(scenario: Scenario) -> list[int]:
+    stop = scenario.raises_at
+    return list(range(scenario.items if stop is None else stop))
+
+
+def _check_prefix(scenario: Scenario, received: list[int]) -> None:
+    assert len(received) == len(set(received)), "an item arrived twice"
+    if all(scenario.ordered):
+        assert received == list(range(len(received))), "items out of order"
+
+
+def _check_complete(scenario: Scenario, received: list[int], error: BaseException | None):
+    if scenario.raises_at is None:
+        assert error is None, f"unexpected error: {error!r}"
+        if all(scenario.ordered):
+            assert received == _expected(scenario)
+        else:
+            assert sorted(received) == _expected(scenario)
+        return
+    assert isinstance(error, StageFailed), f"expected the stage's error, got {error!r}"
+    # The worker's traceback, down to the line that raised.
+    assert "refuses item" in str(error) and "raise ValueError" in error.traceback_text
+    raising = {s.name for s in scenario.steps if s.behaviour == "raise"}
+    assert error.stage in raising
+    assert len(received) == len(set(received)), "an item arrived twice"
+    if all(scenario.ordered):
+        assert received == _expected(scenario)

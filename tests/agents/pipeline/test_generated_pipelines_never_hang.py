@@ -1,0 +1,78 @@
+"""Generated pipelines under generated resizes, worker kills and stops, with the CPUs busy:
+every operation finishes within its bound, and the consumer gets every item exactly once (in
+order when every stage is ordered), or the stage's error with its traceback.
+
+The short form runs in ``make test``; ``make soak`` runs the long form and writes its tally
+to ``var/stress-pipeline.json`` (figures in docs/reliability.md).
+"""
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from tests.agents.pipeline.stress import Tally, run_scenario, scenarios
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+@pytest.fixture(scope="module")
+def busy_cpus():
+    """Keep every core busy while the pipelines run, as a training host's are."""
+    burners = [
+        multiprocessing.get_context("fork").Process(target=_burn, daemon=True)
+        for _ in range(len(os.sched_getaffinity(0)))
+    ]
+    for burner in burners:
+        burner.start()
+    yield
+    for burner in burners:
+        burner.kill()
+        burner.join(5)
+
+
+SHORT = Tally()
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    print_blob=True,
+    # A failing case is reported as found (with its blob to reproduce it): shrinking one
+    # costs minutes of real processes.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(scenario=scenarios(max_items=80, max_operations=6))
+def test_generated_pipelines_finish_every_operation_in_bounds(busy_cpus, scenario):
+    run_scenario(scenario, SHORT, seed=len(scenario.operations))
+    assert SHORT.hangs == 0
+
+
+LONG = Tally()
+
+
+@pytest.mark.soak
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    print_blob=True,
+    # A failing case is reported as found (with its blob to reproduce it): shrinking one
+    # costs minutes of real processes.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(scenario=scenarios(max_items=200, max_operations=12))
+def test_many_generated_pipelines_never_hang(busy_cpus, scenario):
+    run_scenario(scenario, LONG, seed=len(scenario.operations))
+    out = ROOT / "var" / "stress-pipeline.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(LONG.__dict__, indent=2) + "\n")
