@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
 from webapp.stack.embedded_redis import EmbeddedRedis
-
-DLRM_STAGES = ["read", "parse", "transform", "collate", "prefetch"]
 
 
 def pytest_addoption(parser):

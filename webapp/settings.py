@@ -8,6 +8,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from agents import protocol
+
 from .env import envbool, envfloat, envint, envlist
 from .redis_urls import for_celery, for_redis_py
 
@@ -183,7 +185,7 @@ INTUNE = {
     "ROLLUP_STEP_S": envint("INTUNE_ROLLUP_STEP_S", 60),
     "ROLLUP_RETENTION_S": envfloat("INTUNE_ROLLUP_RETENTION_S", 30 * 86400.0),
     # Most samples in one batch, and most points per series in an answer.
-    "MAX_SAMPLES_PER_BATCH": envint("INTUNE_MAX_SAMPLES_PER_BATCH", 600),
+    "MAX_SAMPLES_PER_BATCH": envint("INTUNE_MAX_SAMPLES_PER_BATCH", protocol.MAX_SAMPLES_PER_BATCH),
     "MAX_POINTS_PER_SERIES": envint("INTUNE_MAX_POINTS_PER_SERIES", 1000),
     # Alerts on the dashboard (and the optional webhook).
     "ALERT_THROUGHPUT_DROP": envfloat("INTUNE_ALERT_THROUGHPUT_DROP", 0.3),
@@ -197,7 +199,7 @@ INTUNE = {
     "ALERT_WINDOW_S": envfloat("INTUNE_ALERT_WINDOW_S", 30.0),
     "ALERT_BASELINE_S": envfloat("INTUNE_ALERT_BASELINE_S", 600.0),
 }
-DATA_UPLOAD_MAX_MEMORY_SIZE = envint("INTUNE_MAX_BODY_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("INTUNE_MAX_BODY_BYTES", protocol.MAX_BODY_BYTES)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -8,7 +8,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from webapp.jobs.models import Allocation, Host
+from webapp.jobs.models import Host
 from webapp.jobs.services import record_allocation_status
 
 from .inserts import MultiRowInsert
@@ -123,14 +123,6 @@ def store_batch(host: Host, batch: dict) -> dict:
         "duplicates": len(samples) - len(fresh),
         "latest_allocation_version": host.allocation_version,
     }
-
-
-def pending_allocation_age_s(host: Host) -> float | None:
-    """How long the newest allocation has waited for the agent, or None if it is settled."""
-    newest = host.allocations.order_by("-version").first()
-    if newest is None or newest.status != Allocation.Status.PENDING:
-        return None
-    return (timezone.now() - newest.created_at).total_seconds()
 
 
 HOST_SERIES = (

@@ -9,7 +9,7 @@ from rest_framework.exceptions import ValidationError
 
 import tuner as tuner_lib
 from webapp.jobs.models import Allocation, Host, Job
-from webapp.jobs.services import audit, create_allocation, validate_allocation
+from webapp.jobs.services import audit, create_allocation, latest_allocation, validate_allocation
 
 from .models import Decision, Override, TuningSession
 from .observations import build_observation, fresh_window, summarise
@@ -145,7 +145,7 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         interval = session.decision_interval_s
         if active_override(host) is not None:
             return "paused by override", max(1.0, interval / 2)
-        newest = host.allocations.order_by("-version").first()
+        newest = latest_allocation(host)
         if newest is not None and newest.status == Allocation.Status.PENDING:
             waited = (timezone.now() - newest.created_at).total_seconds()
             if waited < APPLY_GRACE_S:
