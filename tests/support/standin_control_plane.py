@@ -1,10 +1,19 @@
 """A stand-in control plane: protocol v1 (docs/agent-protocol.md) in memory, without Django.
 
 It is not the control plane (that is ``webapp/``). It exists to test agents and measure their
-overhead where running Django, a database and Redis would be the bigger part of the work, and
-as an executable reading of the protocol for agent authors. It keeps what it stores across
-:meth:`StandinControlPlane.stop` / :meth:`start` on the same port, as a real control plane
-keeps its database across an outage, so "nothing lost, nothing duplicated" can be checked.
+overhead where running Django, a database and Redis would be the bigger part of the work
+(the agent's tests, ``benchmarks.agent_overhead``, the agent-only install check of
+``scripts/check-agent-install``), and as an executable reading of the protocol for agent
+authors. It keeps what it stores across :meth:`StandinControlPlane.stop` / :meth:`start` on the
+same port, as a real control plane keeps its database across an outage, so "nothing lost,
+nothing duplicated" can be checked.
+
+As a process (standard library and ``agents.protocol`` only)::
+
+    python -m tests.support.standin_control_plane --stages read,parse --seconds 60
+
+prints one JSON line ``{"url": ..., "host_id": ..., "token": ...}`` for an agent to use, serves
+until ``--seconds`` pass, then prints what it stored (``{"stored": N, ...}``) and exits.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
+
+from agents.protocol import MAX_BODY_BYTES, MAX_SAMPLES_PER_BATCH
 
 HOST_KEYS = {"cpus", "cpu_percent", "per_cpu_percent", "memory_used_mb", "memory_limit_mb"}
 STAGE_KEYS = {"name", "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue"}
@@ -257,8 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlparse(self.path).path.strip("/").split("/")
         if self._failing():
             return
-        if len(raw) > 1 << 20:
-            return self._answer(413, {"detail": "body over 1 MiB"})
+        if len(raw) > MAX_BODY_BYTES:
+            return self._answer(413, {"detail": f"body over {MAX_BODY_BYTES} bytes"})
         body = json.loads(raw or b"{}")
         if parts[:3] == ["api", "v1", "jobs"] and parts[4:] == ["hosts"]:
             if self.headers.get("Authorization") != f"Token {self.plane.api_token}":
@@ -286,8 +297,10 @@ class _Handler(BaseHTTPRequestHandler):
             samples = body.get("samples", [])
             if not samples and body.get("allocation_status") is None:
                 return self._answer(400, {"detail": "samples: must not be empty without status"})
-            if len(samples) > 600:
-                return self._answer(400, {"detail": "samples: at most 600 per batch"})
+            if len(samples) > MAX_SAMPLES_PER_BATCH:
+                return self._answer(
+                    400, {"detail": f"samples: at most {MAX_SAMPLES_PER_BATCH} per batch"}
+                )
             for i, sample in enumerate(samples):
                 problem = validate_sample(sample, host.stage_names, f"samples[{i}]")
                 if problem:
@@ -348,3 +361,34 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(204)
         else:
             self._answer(200, allocation)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve one host with the stages given for ``--seconds``; print its identity, then what
+    it stored, as JSON lines."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.standin_control_plane", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--stages", required=True, help="the host's stages, comma-separated")
+    parser.add_argument("--seconds", type=float, required=True, help="how long to serve")
+    args = parser.parse_args(argv)
+    with StandinControlPlane() as plane:
+        host = plane.add_host(args.stages.split(","))
+        print(json.dumps({"url": plane.url, "host_id": host.id, "token": host.token}), flush=True)
+        time.sleep(args.seconds)
+        with plane.changed:
+            report = {
+                "stored": len(host.samples),
+                "batches": host.batches,
+                "applied_versions": sorted(
+                    {s["applied_version"] for s in host.statuses if "applied_version" in s}
+                ),
+            }
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
