@@ -2,18 +2,11 @@
 
 It is not the control plane (that is ``webapp/``). It exists to test agents and measure their
 overhead where running Django, a database and Redis would be the bigger part of the work
-(the agent's tests, ``benchmarks.agent_overhead``, the agent-only install check of
-``scripts/check-agent-install``), and as an executable reading of the protocol for agent
+(the agent's tests, the agent-only install check of tests/packaging,
+``benchmarks.agent_overhead``), and as an executable reading of the protocol for agent
 authors. It keeps what it stores across :meth:`StandinControlPlane.stop` / :meth:`start` on the
 same port, as a real control plane keeps its database across an outage, so "nothing lost,
 nothing duplicated" can be checked.
-
-As a process (standard library and ``agents.protocol`` only)::
-
-    python -m tests.support.standin_control_plane --stages read,parse --seconds 60
-
-prints one JSON line ``{"url": ..., "host_id": ..., "token": ...}`` for an agent to use, serves
-until ``--seconds`` pass, then prints what it stored (``{"stored": N, ...}``) and exits.
 """
 
 from __future__ import annotations
@@ -362,33 +355,3 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._answer(200, allocation)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Serve one host with the stages given for ``--seconds``; print its identity, then what
-    it stored, as JSON lines."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.support.standin_control_plane", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--stages", required=True, help="the host's stages, comma-separated")
-    parser.add_argument("--seconds", type=float, required=True, help="how long to serve")
-    args = parser.parse_args(argv)
-    with StandinControlPlane() as plane:
-        host = plane.add_host(args.stages.split(","))
-        print(json.dumps({"url": plane.url, "host_id": host.id, "token": host.token}), flush=True)
-        time.sleep(args.seconds)
-        with plane.changed:
-            report = {
-                "stored": len(host.samples),
-                "batches": host.batches,
-                "applied_versions": sorted(
-                    {s["applied_version"] for s in host.statuses if "applied_version" in s}
-                ),
-            }
-    print(json.dumps(report), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
