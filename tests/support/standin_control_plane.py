@@ -354,4 +354,3 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(204)
         else:
             self._answer(200, allocation)
-
