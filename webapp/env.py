@@ -22,6 +22,8 @@ def _raw(name: str) -> str | None:
 
 def envbool(name: str, default: bool) -> bool:
     """The variable as a boolean: one of true/1/yes/on or false/0/no/off, in any case."""
+    if not isinstance(default, bool):  # envbool("X", "False") would read as True when unset
+        raise TypeError(f"envbool({name!r}, ...): the default must be True or False")
     value = _raw(name)
     if value is None:
         return default

@@ -81,3 +81,8 @@ def test_a_typo_in_a_security_setting_stops_manage_py_at_start(tmp_path):
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode != 0
     assert "INTUNE_SECURE_COOKIES='Ture' is not a boolean: use True or False" in result.stderr
+
+
+def test_a_boolean_default_written_as_a_string_is_a_programming_error():
+    with pytest.raises(TypeError, match="the default must be True or False"):
+        envbool("INTUNE_TEST_FLAG", "False")
