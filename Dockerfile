@@ -13,7 +13,8 @@ COPY tuner ./tuner
 COPY webapp ./webapp
 COPY static ./static
 COPY manage.py ./
-RUN pip install --no-cache-dir . && mkdir -p /var/lib/intune \
+# The control plane and the tuner (server), and the DLRM workload for the demo agent (dlrm).
+RUN pip install --no-cache-dir ".[server,dlrm]" && mkdir -p /var/lib/intune \
     && DJANGO_SECRET_KEY=build python manage.py collectstatic --noinput
 
 EXPOSE 8000

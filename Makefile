@@ -30,21 +30,21 @@ demo: $(INSTALLED)
 
 test: $(INSTALLED)
 	bash scripts/ensure-test-tools
-	$(PY) -m ruff check agents tuner webapp tests
+	$(PY) -m ruff check agents tuner webapp benchmarks tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 soak: $(INSTALLED)
 	$(PY) -m pytest -m soak --run-soak $(PYTEST_ARGS)
 
 bench: $(INSTALLED)
-	$(PY) -m agents.bench --quick
+	$(PY) -m benchmarks.pipeline --quick
 	$(PY) -m tuner.bench --suite tuner/suites/default.json --tuners intune,hillclimb,lp,static,random --steps 150 --seeds 3 --json var/bench-tuner.json
 
 lint: $(INSTALLED)
-	$(PY) -m ruff check agents tuner webapp tests
+	$(PY) -m ruff check agents tuner webapp benchmarks tests
 
 format: $(INSTALLED)
-	$(PY) -m ruff format agents tuner webapp tests
+	$(PY) -m ruff format agents tuner webapp benchmarks tests
 
 clean:
 	rm -rf var/logs var/staticfiles .pytest_cache

@@ -13,7 +13,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -124,35 +123,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_pipeline(spec: str, fuse: str | None = None) -> Any:
     """Build the pipeline named by ``spec``: ``dlrm`` (fused as ``fuse`` says) or
-    ``module:factory``."""
-    if spec == "dlrm":
-        from agents.dlrm import build_pipeline
-
-        try:
-            return build_pipeline(fuse=fuse)
-        except ValueError as exc:
-            raise SystemExit(f"--fuse {fuse}: {exc}") from exc
-    if fuse:
+    ``module:factory`` (found by ``agents.pipeline.loading.load_factory``)."""
+    if fuse and spec != "dlrm":
         raise SystemExit(
             "--fuse applies to --pipeline dlrm; a module:factory pipeline fuses its own stages "
             "(agents.pipeline.fuse_groups)"
         )
-    module_name, sep, factory_name = spec.partition(":")
-    if not sep or not module_name or not factory_name:
-        raise SystemExit(
-            f"--pipeline {spec!r} is neither 'dlrm' nor module:factory "
-            "(e.g. mypkg.data:build_pipeline)"
-        )
+    from agents.pipeline.loading import load_factory
+
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SystemExit(
-            f"--pipeline {spec}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?"
-        ) from exc
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise SystemExit(f"--pipeline {spec}: {module_name} has no callable {factory_name!r}")
-    return factory()
+        factory = load_factory(spec)
+    except ValueError as exc:
+        raise SystemExit(f"--pipeline {spec}: {exc}") from exc
+    if spec != "dlrm":
+        return factory()
+    try:
+        return factory(fuse=fuse)
+    except ValueError as exc:
+        raise SystemExit(f"--fuse {fuse}: {exc}") from exc
 
 
 def resolve_identity(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
 from webapp.stack.embedded_redis import EmbeddedRedis
-
-DLRM_STAGES = ["read", "parse", "transform", "collate", "prefetch"]
 
 
 def pytest_addoption(parser):
@@ -178,7 +177,7 @@ def make_host(db, operator):
 @pytest.fixture(scope="module")
 def live_stack(tmp_path_factory, redis_url):
     """Web server and Celery worker as real processes on a fresh database, for one test module."""
-    from webapp.stack.live import LiveStack
+    from tests.support.live_stack import LiveStack
 
     stack = LiveStack(tmp_path_factory.mktemp("live"))
     stack.start()

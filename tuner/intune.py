@@ -138,11 +138,6 @@ class IntuneTuner:
             fused=True,  # one kernel for all parameters: a third of the step's time on CPU
         )
 
-    def set_mode(self, mode: str) -> None:
-        """Switch between pretraining and online tuning (fresh buffer and optimiser)."""
-        self._set_mode(mode)
-        self.global_step = 0
-
     def reset_episode(self) -> None:
         """Forget the current pipeline (a new twin while pretraining); keep what was learnt."""
         self.memory = MemoryEstimator()

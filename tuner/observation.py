@@ -51,16 +51,6 @@ class Observation:
         """A JSON-ready dict of the observation."""
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, raw: dict) -> Observation:
-        """The inverse of :meth:`to_dict`."""
-        return cls(
-            stages=[StageObservation(**stage) for stage in raw["stages"]],
-            host=HostObservation(**raw["host"]),
-            throughput=raw["throughput"],
-            trainer_idle_fraction=raw["trainer_idle_fraction"],
-        )
-
 
 @dataclass
 class Decision:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -107,8 +106,7 @@ def save_policy(tuner: IntuneTuner, summary: dict, path: str | Path) -> None:
         {
             "format": POLICY_FORMAT,
             "version": POLICY_VERSION,
-            "config": asdict(tuner.config),
-            "q_network": tuner.q_network.state_dict(),
+            **tuner.policy_dict(),
             "pretrain": summary,
         },
         path,

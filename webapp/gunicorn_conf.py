@@ -6,13 +6,15 @@ on Redis pub/sub, so each process serves many agents at once.
 
 import os
 
+from webapp.env import envint
+
 bind = os.getenv("INTUNE_BIND", "127.0.0.1:8000")
-workers = int(os.getenv("WEB_CONCURRENCY", "2"))
+workers = envint("WEB_CONCURRENCY", 2)
 worker_class = "gthread"
 # Each agent holds one long-poll, so a process needs a thread per agent it serves, and more for
 # the batches: with 2 processes the default serves a fleet of about 400 hosts. A waiting thread
 # costs memory for its stack, no CPU; the pool starts threads only as they are needed.
-threads = int(os.getenv("INTUNE_WEB_THREADS", "256"))
+threads = envint("INTUNE_WEB_THREADS", 256)
 timeout = 120
 graceful_timeout = 10
 keepalive = 30

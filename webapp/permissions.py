@@ -25,13 +25,6 @@ class IsOperatorOrReadOnly(permissions.BasePermission):
         return request.method in permissions.SAFE_METHODS or is_operator(request.user)
 
 
-class IsOperator(permissions.BasePermission):
-    message = "this action needs an operator; viewers may only read"
-
-    def has_permission(self, request, view) -> bool:
-        return is_operator(request.user)
-
-
 class AgentTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Agent <token>``: the request acts for the token's host."""
 

@@ -5,8 +5,6 @@ The embedded server started by the demo listens on a Unix socket. Kombu spells t
 Operators set one ``REDIS_URL`` in either spelling and each client gets the one it reads.
 """
 
-from urllib.parse import urlsplit
-
 
 def for_celery(url: str) -> str:
     """The URL as kombu expects it."""
@@ -20,10 +18,3 @@ def for_redis_py(url: str) -> str:
     if url.startswith("redis+socket://"):
         return "unix://" + url[len("redis+socket://") :]
     return url
-
-
-def socket_path(url: str) -> str | None:
-    """The Unix socket's path when the URL names one, else None."""
-    if url.startswith(("redis+socket://", "unix://")):
-        return urlsplit(for_redis_py(url)).path
-    return None

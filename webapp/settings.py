@@ -8,13 +8,15 @@ from pathlib import Path
 
 import dj_database_url
 
+from agents import protocol
+
 from .env import envbool, envfloat, envint, envlist
 from .redis_urls import for_celery, for_redis_py
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.getenv("INTUNE_VAR_DIR", str(BASE_DIR / "var")))
 
-DEBUG = envbool("DJANGO_DEBUG", "False")
+DEBUG = envbool("DJANGO_DEBUG", False)
 _DEFAULT_DEV_KEY = "insecure-dev-key-set-DJANGO_SECRET_KEY-in-production"
 SECRET_KEY = os.getenv("DJANGO_SECRET_KEY", _DEFAULT_DEV_KEY)
 ALLOWED_HOSTS = envlist("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
@@ -183,7 +185,7 @@ INTUNE = {
     "ROLLUP_STEP_S": envint("INTUNE_ROLLUP_STEP_S", 60),
     "ROLLUP_RETENTION_S": envfloat("INTUNE_ROLLUP_RETENTION_S", 30 * 86400.0),
     # Most samples in one batch, and most points per series in an answer.
-    "MAX_SAMPLES_PER_BATCH": envint("INTUNE_MAX_SAMPLES_PER_BATCH", 600),
+    "MAX_SAMPLES_PER_BATCH": envint("INTUNE_MAX_SAMPLES_PER_BATCH", protocol.MAX_SAMPLES_PER_BATCH),
     "MAX_POINTS_PER_SERIES": envint("INTUNE_MAX_POINTS_PER_SERIES", 1000),
     # Alerts on the dashboard (and the optional webhook).
     "ALERT_THROUGHPUT_DROP": envfloat("INTUNE_ALERT_THROUGHPUT_DROP", 0.3),
@@ -197,7 +199,7 @@ INTUNE = {
     "ALERT_WINDOW_S": envfloat("INTUNE_ALERT_WINDOW_S", 30.0),
     "ALERT_BASELINE_S": envfloat("INTUNE_ALERT_BASELINE_S", 600.0),
 }
-DATA_UPLOAD_MAX_MEMORY_SIZE = envint("INTUNE_MAX_BODY_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("INTUNE_MAX_BODY_BYTES", protocol.MAX_BODY_BYTES)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -240,20 +242,20 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 # Load balancers probe /healthz over plain HTTP.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
-if envbool("INTUNE_BEHIND_TLS_PROXY", "False"):
+if envbool("INTUNE_BEHIND_TLS_PROXY", False):
     # TLS ends at a proxy that says so in X-Forwarded-Proto (set it only behind such a proxy).
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if not DEBUG:
     # Production means HTTPS: secure cookies, HTTP redirected to HTTPS, HSTS for a year. The
     # demo, docker-compose and the tests serve plain http://127.0.0.1 with
     # INTUNE_SECURE_COOKIES=False, which turns all three off unless they are set on their own.
-    _HTTPS = envbool("INTUNE_SECURE_COOKIES", "True")
+    _HTTPS = envbool("INTUNE_SECURE_COOKIES", True)
     SESSION_COOKIE_SECURE = _HTTPS
     CSRF_COOKIE_SECURE = _HTTPS
-    SECURE_SSL_REDIRECT = envbool("INTUNE_SSL_REDIRECT", str(_HTTPS))
+    SECURE_SSL_REDIRECT = envbool("INTUNE_SSL_REDIRECT", _HTTPS)
     SECURE_HSTS_SECONDS = envint("INTUNE_HSTS_SECONDS", 31_536_000 if _HTTPS else 0)
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("INTUNE_HSTS_INCLUDE_SUBDOMAINS", str(_HTTPS))
-    SECURE_HSTS_PRELOAD = envbool("INTUNE_HSTS_PRELOAD", str(_HTTPS))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("INTUNE_HSTS_INCLUDE_SUBDOMAINS", _HTTPS)
+    SECURE_HSTS_PRELOAD = envbool("INTUNE_HSTS_PRELOAD", _HTTPS)
 
 LOGGING = {
     "version": 1,

@@ -29,13 +29,15 @@ from agents.daemon.buffer import SampleBuffer
 from agents.daemon.checks import StageLimits, check_allocation
 from agents.daemon.sample import stage_fields, trainer_fields
 from agents.host import HostSampler, default_worker_budget
+from agents.protocol import MAX_SAMPLES_PER_BATCH
 
 log = logging.getLogger("agents.daemon")
 
 THREAD_PREFIX = "intune-agent"
-# Leave room under the protocol's 1 MiB body limit for the envelope and JSON overhead.
+# Leave room under the protocol's body limit (agents.protocol.MAX_BODY_BYTES, 1 MiB) for the
+# envelope and JSON overhead.
 MAX_BATCH_BYTES = 900_000
-MAX_BATCH_SAMPLES = 600
+MAX_BATCH_SAMPLES = MAX_SAMPLES_PER_BATCH
 MAX_REFUSALS_PER_BATCH = 100
 
 

@@ -16,5 +16,6 @@ CRITEO_CARDINALITIES = [
 TABLE_SIZE_CAP = 50_000
 DEFAULT_TABLE_SIZES = [min(c, TABLE_SIZE_CAP) for c in CRITEO_CARDINALITIES]
 
-# The stages of the DLRM ingestion pipeline, in order.
+# The stages of the DLRM ingestion pipeline, in order: the one list the workload builds its
+# stages from, and the web app's demo job and the tests register.
 STAGE_NAMES = ["read", "parse", "transform", "collate", "prefetch"]

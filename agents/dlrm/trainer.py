@@ -3,8 +3,7 @@
 A step is split in two: the time inside ``next()`` on the pipeline (waiting for input) and the
 time computing forward, backward and the optimiser step. The accelerator idle fraction is
 waiting time over wall time. On CUDA the compute time comes from CUDA events and every step is
-synchronised, so time the host waits is time the device has nothing to do; utilisation comes
-from NVML (``nvidia-ml-py``) when it is installed.
+synchronised, so time the host waits is time the device has nothing to do.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from agents.dlrm.model import DLRM, ModelConfig
+from agents.dlrm.stages import batch_rows
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,6 @@ class Trainer:
         self._window_steps = 0
         self._window_samples = 0
         self._waiting_since: float | None = None
-        self._nvml = _nvml_handle(self.device)
 
     def step(self, batch: dict[str, Any]) -> float:
         """One optimisation step on a batch; return its loss."""
@@ -96,7 +95,7 @@ class Trainer:
                 compute = start.elapsed_time(end) / 1000.0
             else:
                 compute = time.monotonic() - got
-            rows = int(batch["labels"].shape[0])
+            rows = batch_rows(batch)
             with self._lock:
                 self._waiting_since = None
                 self._wait_s += got - max(began, self._window_at)
@@ -129,14 +128,6 @@ class Trainer:
             "device": self.device.type,
         }
 
-    def utilization(self) -> float | None:
-        """The GPU's utilisation (0..1) from NVML, or None on the CPU or without NVML."""
-        if self._nvml is None:
-            return None
-        import pynvml
-
-        return pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu / 100.0
-
 
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     if device.type == "cpu":
@@ -146,16 +137,3 @@ def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         return t if t.device == device else t.to(device, non_blocking=True)
 
     return {k: [move(t) for t in v] if isinstance(v, list) else move(v) for k, v in batch.items()}
-
-
-def _nvml_handle(device: torch.device) -> Any:
-    if device.type != "cuda":
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-    except Exception:  # nvidia-ml-py missing or no driver: utilisation is simply not reported
-        log.info("NVML not available: GPU utilisation will not be reported")
-        return None

@@ -19,7 +19,7 @@ from typing import Any
 import torch  # noqa: F401
 
 from agents.dlrm.generate import INDEX_FILE, DatasetSpec, generate, load_index
-from agents.dlrm.schema import DEFAULT_TABLE_SIZES
+from agents.dlrm.schema import DEFAULT_TABLE_SIZES, STAGE_NAMES
 from agents.dlrm.stages import Prefetch, ReadTask, Transform, chunk_tasks, collate, parse, read
 from agents.pipeline import Pipeline, Stage, fuse_groups
 
@@ -92,14 +92,15 @@ def build_pipeline(
     """
     # The stages first: a wrong fusion or count is refused before any data is generated.
     transform = Transform(tuple(table_sizes or DEFAULT_TABLE_SIZES), multi_hot)
+    *process_stages, prefetch = STAGE_NAMES
     stages = [
-        Stage("read", read, max_workers=max_workers),
-        Stage("parse", parse, max_workers=max_workers),
-        Stage("transform", transform, max_workers=max_workers),
-        Stage("collate", collate, max_workers=max_workers),
-        # A thread: it unpacks the batch where the trainer lives and moves it to the device.
-        Stage("prefetch", Prefetch(device), kind="thread", max_workers=min(max_workers or 4, 4)),
+        Stage(name, fn, max_workers=max_workers)
+        for name, fn in zip(process_stages, (read, parse, transform, collate), strict=True)
     ]
+    # A thread: it unpacks the batch where the trainer lives and moves it to the device.
+    stages.append(
+        Stage(prefetch, Prefetch(device), kind="thread", max_workers=min(max_workers or 4, 4))
+    )
     stages = fuse_groups(stages, fuse)
     names = [s.name for s in stages]
     unknown = sorted(set(workers or {}) - set(names))

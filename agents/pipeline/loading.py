@@ -15,18 +15,24 @@ BUILTIN = {"dlrm": "agents.dlrm:build_pipeline"}
 
 def load_factory(spec: str) -> Callable[..., Pipeline]:
     """Return the factory ``spec`` names: a built-in name or ``package.module:function``."""
-    target = BUILTIN.get(spec, spec)
-    if ":" not in target:
+    module_name, sep, attribute = BUILTIN.get(spec, spec).partition(":")
+    if not sep or not module_name or not attribute:
         raise ValueError(
             f"pipeline {spec!r} is neither a built-in ({', '.join(BUILTIN)}) nor "
             f"'module:factory' (for example 'mypkg.pipelines:build')"
         )
-    module_name, _, attribute = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        # A package may import its heavy dependencies when the factory is looked up.
+        factory = getattr(importlib.import_module(module_name), attribute, None)
     except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} for pipeline {spec!r}: {exc}") from exc
-    factory = getattr(module, attribute, None)
+        hint = (
+            "install the dlrm extra: pip install 'intune[dlrm]'"
+            if spec in BUILTIN
+            else "is it on PYTHONPATH?"
+        )
+        raise ValueError(
+            f"cannot import {module_name!r} for pipeline {spec!r} ({exc}); {hint}"
+        ) from exc
     if not callable(factory):
         raise ValueError(f"{module_name!r} has no callable {attribute!r}")
     return factory

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.dlrm.schema import STAGE_NAMES as STAGES
 from webapp.stack.supervisor import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -27,7 +28,6 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
-STAGES = ["read", "parse", "transform", "collate", "prefetch"]
 CHARTS = ["throughput", "idle", "stages", "allocation", "cpu", "memory", "reward"]
 WIDTHS = {"laptop": 1280, "wide": 1920}
 

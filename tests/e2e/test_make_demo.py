@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from webapp.stack.live import FreshDatabase, free_port
+from tests.support.live_stack import FreshDatabase, free_port
 from webapp.stack.supervisor import wait_until
 
 pytestmark = pytest.mark.slow

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
+from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
 from webapp.stack.supervisor import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-DLRM_STAGES = ["read", "parse", "transform", "collate", "prefetch"]
 FUSED = "read+parse+transform+collate"
 
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from webapp.stack.live import LiveStack
+from tests.support.live_stack import LiveStack
 from webapp.stack.supervisor import wait_until
 
 pytestmark = pytest.mark.slow

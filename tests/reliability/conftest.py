@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from webapp.stack.live import LiveStack
+from tests.support.live_stack import LiveStack
 
 from .pipelines import STAGES
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from webapp.stack.live import free_port
+from tests.support.live_stack import free_port
 from webapp.stack.supervisor import wait_until
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from webapp.stack.live import ROOT
+from tests.support.live_stack import ROOT
 
 from .conftest import register
 from .pipelines import STAGES

@@ -1,13 +1,13 @@
 """Soak (make soak): 200 simulated agents (real HTTP clients in processes of their own) at 1 Hz
 for five minutes against a real server: every sample stored once, no error. The figures go to
-docs/reliability.md; the same run is ``python -m webapp.stack.loadgen --agents 200 --seconds 300``."""
+docs/reliability.md; the same run is ``python -m benchmarks.loadgen --agents 200 --seconds 300``."""
 
 import json
 
 import pytest
 
-from webapp.stack import loadgen
-from webapp.stack.live import LiveStack
+from benchmarks import loadgen
+from tests.support.live_stack import LiveStack
 
 pytestmark = pytest.mark.soak
 AGENTS, SECONDS = 200, 300

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from webapp.stack.live import LiveStack
+from tests.support.live_stack import LiveStack
 from webapp.stack.supervisor import wait_until
 
 from .conftest import count_samples, register, start_agent

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from webapp.stack.live import LiveStack
+from tests.support.live_stack import LiveStack
 
 
 @dataclass

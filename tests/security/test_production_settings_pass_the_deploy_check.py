@@ -7,7 +7,7 @@ import secrets
 import subprocess
 import sys
 
-from webapp.stack.live import ROOT
+from tests.support.live_stack import ROOT
 
 
 def production_env(tmp_path, **overrides) -> dict:

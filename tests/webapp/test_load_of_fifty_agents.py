@@ -4,7 +4,7 @@ not asserted here: this machine is shared."""
 
 import pytest
 
-from webapp.stack import loadgen
+from benchmarks import loadgen
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from webapp.jobs.models import Allocation, Host
+from webapp.jobs.models import Host
 from webapp.jobs.services import record_allocation_status
 
 from .inserts import MultiRowInsert
@@ -125,12 +125,33 @@ def store_batch(host: Host, batch: dict) -> dict:
     }
 
 
-def pending_allocation_age_s(host: Host) -> float | None:
-    """How long the newest allocation has waited for the agent, or None if it is settled."""
-    newest = host.allocations.order_by("-version").first()
-    if newest is None or newest.status != Allocation.Status.PENDING:
-        return None
-    return (timezone.now() - newest.created_at).total_seconds()
+def memory_mb_per_worker(host: Host) -> dict[str, float]:
+    """Each stage's memory per worker: declared on the stage, else measured by the agent."""
+    per_worker = {}
+    for stage in host.job.stages.all():
+        if stage.memory_mb_per_worker:
+            per_worker[stage.name] = stage.memory_mb_per_worker
+    latest = (
+        StageSample.objects.filter(host=host)
+        .order_by("-ts")
+        .values("stage", "rss_mb", "workers")[: max(1, host.job.stages.count())]
+    )
+    for row in latest:
+        if row["stage"] not in per_worker and row["workers"] and row["rss_mb"]:
+            per_worker[row["stage"]] = row["rss_mb"] / row["workers"]
+    return per_worker
+
+
+def effective_worker_budget(host: Host) -> int:
+    """The registered budget, or less when the agent reports a smaller one: the agent knows its
+    host (cgroup limits, --worker-budget) and refuses more than it allows."""
+    reported = (
+        HostSample.objects.filter(host=host, resolution_s=1, worker_budget__isnull=False)
+        .order_by("-ts")
+        .values_list("worker_budget", flat=True)
+        .first()
+    )
+    return min(host.worker_budget, reported) if reported else host.worker_budget
 
 
 HOST_SERIES = (

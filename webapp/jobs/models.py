@@ -10,6 +10,10 @@ from django.utils import timezone
 
 AGENT_TOKEN_PREFIX = "ia_"
 
+# A job's tuning options that the control plane reads itself; the rest go to the tuner
+# (IntuneConfig fields).
+CONTROL_PLANE_OPTIONS = frozenset({"pretrain_steps"})
+
 
 def hash_agent_token(token: str) -> str:
     """SHA-256 of an agent token: the only form in which a token is stored."""

@@ -64,41 +64,17 @@ def register_host(
     return host, token
 
 
-def memory_mb_per_worker(host: Host) -> dict[str, float]:
-    """Each stage's memory per worker: declared on the stage, else measured by the agent."""
-    from webapp.ingestion.models import StageSample
-
-    per_worker = {}
-    for stage in host.job.stages.all():
-        if stage.memory_mb_per_worker:
-            per_worker[stage.name] = stage.memory_mb_per_worker
-    latest = (
-        StageSample.objects.filter(host=host)
-        .order_by("-ts")
-        .values("stage", "rss_mb", "workers")[: max(1, host.job.stages.count())]
-    )
-    for row in latest:
-        if row["stage"] not in per_worker and row["workers"] and row["rss_mb"]:
-            per_worker[row["stage"]] = row["rss_mb"] / row["workers"]
-    return per_worker
-
-
-def effective_worker_budget(host: Host) -> int:
-    """The registered budget, or less when the agent reports a smaller one: the agent knows its
-    host (cgroup limits, --worker-budget) and refuses more than it allows."""
-    from webapp.ingestion.models import HostSample
-
-    reported = (
-        HostSample.objects.filter(host=host, resolution_s=1, worker_budget__isnull=False)
-        .order_by("-ts")
-        .values_list("worker_budget", flat=True)
-        .first()
-    )
-    return min(host.worker_budget, reported) if reported else host.worker_budget
-
-
-def validate_allocation(host: Host, workers: object) -> dict[str, int]:
-    """Check an allocation against the job's stages and the host's budgets.
+def validate_allocation(
+    host: Host,
+    workers: object,
+    *,
+    worker_budget: int,
+    memory_mb_per_worker: Mapping[str, float],
+) -> dict[str, int]:
+    """Check an allocation against the job's stages and the host's budgets: ``worker_budget``
+    workers in all, and each stage's ``memory_mb_per_worker`` within the host's memory (what
+    the host's agent reported: ``webapp.ingestion.services.effective_worker_budget`` and
+    ``memory_mb_per_worker``).
 
     Raises ValidationError with every problem found, each saying what is wrong and the limit.
     """
@@ -129,14 +105,13 @@ def validate_allocation(host: Host, workers: object) -> dict[str, int]:
         clean[name] = count
     if not errors:
         total = sum(clean.values())
-        budget = effective_worker_budget(host)
+        budget = worker_budget
         if total > budget:
             errors.append(
                 f"the allocation asks for {total} workers but the host budget is "
                 f"{budget} worker slots ({host.cpus:g} CPUs)"
             )
-        per_worker = memory_mb_per_worker(host)
-        needed = sum(clean[name] * per_worker.get(name, 0.0) for name in clean)
+        needed = sum(clean[name] * memory_mb_per_worker.get(name, 0.0) for name in clean)
         if needed > host.memory_mb:
             errors.append(
                 f"the allocation needs about {needed:.0f} MB of memory but the host's budget is "

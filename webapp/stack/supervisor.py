@@ -5,7 +5,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,10 +88,6 @@ class ProcessGroup:
             os.killpg(process.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def python_argv(*args: str) -> list[str]:
-    return [sys.executable, *args]
 
 
 def wait_until(condition, timeout: float, interval: float = 0.2, what: str = "condition"):

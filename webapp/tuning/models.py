@@ -72,6 +72,18 @@ class Decision(models.Model):
         ]
 
 
+class OverrideQuerySet(models.QuerySet):
+    def in_force(self) -> "Override | None":
+        """The newest override neither ended nor expired (``host.overrides.in_force()``: the
+        jobs API reads it through the relation, without importing this app)."""
+        return (
+            self.filter(ended_at__isnull=True)
+            .exclude(expires_at__lte=timezone.now())
+            .order_by("-created_at")
+            .first()
+        )
+
+
 class Override(models.Model):
     """A person's allocation for a host; it pauses the policy there until expired or released."""
 
@@ -91,6 +103,8 @@ class Override(models.Model):
     allocation = models.ForeignKey(
         Allocation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+
+    objects = OverrideQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -4,8 +4,8 @@ from statistics import fmean
 
 from tuner import HostObservation, Observation, StageObservation
 from webapp.ingestion.models import HostSample, StageSample
+from webapp.ingestion.services import effective_worker_budget
 from webapp.jobs.models import Host
-from webapp.jobs.services import effective_worker_budget
 
 
 def fresh_window(host: Host, after_ts: float):

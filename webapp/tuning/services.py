@@ -8,11 +8,13 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 import tuner as tuner_lib
-from webapp.jobs.models import Allocation, Host, Job
-from webapp.jobs.services import audit, create_allocation, validate_allocation
+from webapp.ingestion.services import effective_worker_budget, memory_mb_per_worker
+from webapp.jobs.models import CONTROL_PLANE_OPTIONS, Allocation, Host, Job
+from webapp.jobs.services import audit, create_allocation, latest_allocation, validate_allocation
 
 from .models import Decision, Override, TuningSession
 from .observations import build_observation, fresh_window, summarise
+from .signals import session_started
 from .twins import MIN_SAMPLES_FOR_TWIN, fit_host_twin
 
 log = logging.getLogger(__name__)
@@ -23,21 +25,26 @@ APPLY_GRACE_S = 30.0
 
 
 def active_override(host: Host) -> Override | None:
-    now = timezone.now()
-    return (
-        Override.objects.filter(host=host, ended_at__isnull=True)
-        .exclude(expires_at__lte=now)
-        .order_by("-created_at")
-        .first()
+    """The override in force on the host, if any: the policy is paused while there is one."""
+    return host.overrides.in_force()
+
+
+def check_allocation(host: Host, workers: object) -> dict[str, int]:
+    """``validate_allocation`` against the budgets the host's agent reported (ValidationError
+    with every problem)."""
+    return validate_allocation(
+        host,
+        workers,
+        worker_budget=effective_worker_budget(host),
+        memory_mb_per_worker=memory_mb_per_worker(host),
     )
 
 
 def start_tuning(
     job: Job, user, *, tuner: str | None = None, hosts=None, max_steps=None
 ) -> list[TuningSession]:
-    """Start a session on every host of the job that has none running; returns the new ones."""
-    from .tasks import pretrain_session, run_tuning_step
-
+    """Start a session on every host of the job that has none running; returns the new ones.
+    Each session's first task is queued once the sessions are committed (``session_started``)."""
     name = tuner or job.tuner
     if name not in tuner_lib.TUNER_NAMES:
         raise ValidationError(
@@ -69,23 +76,14 @@ def start_tuning(
                 heartbeat_at=timezone.now(),
             )
             started.append(session)
-            first_task = pretrain_session if pretrain else run_tuning_step
-            args = (session.pk,) if pretrain else (session.pk, 0)
-            transaction.on_commit(lambda task=first_task, args=args: _enqueue(task, args))
+            transaction.on_commit(
+                lambda session=session, pretrain=pretrain: session_started.send(
+                    TuningSession, session=session, pretrain=pretrain
+                )
+            )
         if started:
             audit(user, "tuning.start", job=job, tuner=name, sessions=[s.pk for s in started])
     return started
-
-
-def _enqueue(task, args: tuple) -> None:
-    """Queue a session's first task. With the broker (Redis) away the session is still started:
-    the watchdog (resume_stalled_sessions) queues its step once the broker is back."""
-    from kombu.exceptions import OperationalError
-
-    try:
-        task.delay(*args)
-    except OperationalError as exc:
-        log.warning("could not queue %s%s (%s); the watchdog will resume it", task.name, args, exc)
 
 
 def stop_tuning(job: Job, user) -> int:
@@ -97,10 +95,6 @@ def stop_tuning(job: Job, user) -> int:
         if stopped:
             audit(user, "tuning.stop", job=job, sessions=stopped)
     return stopped
-
-
-# Tuning options the control plane reads itself; the rest go to the tuner (IntuneConfig fields).
-CONTROL_PLANE_OPTIONS = {"pretrain_steps"}
 
 
 def _new_tuner(session: TuningSession):
@@ -145,7 +139,7 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         interval = session.decision_interval_s
         if active_override(host) is not None:
             return "paused by override", max(1.0, interval / 2)
-        newest = host.allocations.order_by("-version").first()
+        newest = latest_allocation(host)
         if newest is not None and newest.status == Allocation.Status.PENDING:
             waited = (timezone.now() - newest.created_at).total_seconds()
             if waited < APPLY_GRACE_S:
@@ -163,7 +157,7 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         started = time.perf_counter()
         decision = policy.decide(observation)
         latency_ms = (time.perf_counter() - started) * 1000
-        workers = validate_allocation(host, decision.allocation)
+        workers = check_allocation(host, decision.allocation)
         current = newest.workers if newest is not None else None
         allocation = newest
         if workers != current:
@@ -234,7 +228,7 @@ def fail_session(session_id: int, error: str) -> None:
 @transaction.atomic
 def set_override(host: Host, user, *, workers, reason: str, expires_at=None) -> Override:
     """Put a person's allocation in force; the policy on this host pauses until it ends."""
-    clean = validate_allocation(host, workers)
+    clean = check_allocation(host, workers)
     if not reason or not reason.strip():
         raise ValidationError({"reason": "say why you override the policy"})
     if expires_at is not None and expires_at <= timezone.now():

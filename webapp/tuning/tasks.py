@@ -5,10 +5,16 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.dispatch import receiver
 from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from webapp.jobs.models import Host
 
 from . import services
 from .models import Override, TuningSession
+from .signals import session_started
+from .twins import fit_host_twin
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +57,6 @@ def pretrain_session(session_id: int) -> str:
 def fit_twins() -> int:
     """Refit every online host's twin from its newest samples (the dashboard's 'best this host
     allows' and the next session's pretraining use it)."""
-    from webapp.jobs.models import Host
-
-    from .twins import fit_host_twin
-
     fitted = 0
     for host in Host.objects.filter(status=Host.Status.ONLINE):
         try:
@@ -99,3 +101,16 @@ def expire_overrides() -> int:
     if expired:
         log.info("%s override(s) expired", expired)
     return expired
+
+
+@receiver(session_started)
+def queue_first_task(sender, session: TuningSession, pretrain: bool, **kwargs) -> None:
+    """Queue a started session's first task. With the broker (Redis) away the session is still
+    started: the watchdog (resume_stalled_sessions) queues its step once the broker is back."""
+    task, args = (
+        (pretrain_session, (session.pk,)) if pretrain else (run_tuning_step, (session.pk, 0))
+    )
+    try:
+        task.delay(*args)
+    except OperationalError as exc:
+        log.warning("could not queue %s%s (%s); the watchdog will resume it", task.name, args, exc)

@@ -1,6 +1,6 @@
 """Fixtures for the agent daemon's tests: a stand-in control plane and a real counting pipeline.
 
-The stand-in (agents.daemon.standin) speaks protocol v1 in memory; the Django control plane is
+The stand-in (tests.support.standin_control_plane) speaks protocol v1 in memory; the Django control plane is
 exercised against the agent in tests/e2e. The pipeline is the real agents.pipeline.Pipeline.
 """
 
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from agents.daemon.agent import AgentConfig
-from agents.daemon.standin import StandinControlPlane
 from agents.pipeline import Pipeline, Stage
+from tests.support.standin_control_plane import StandinControlPlane
 
 STAGES = ["parse", "transform"]
 

@@ -1,5 +1,5 @@
 """The agent against a control plane that goes away and comes back: nothing lost, nothing
-duplicated, training never paused. Here against the stand-in (agents.daemon.standin, in memory)
+duplicated, training never paused. Here against the stand-in (tests.support.standin_control_plane, in memory)
 with a short outage; test_agent_against_the_real_control_plane.py does the issue's full 30 s
 against the real one.
 """

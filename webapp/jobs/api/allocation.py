@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from webapp import pubsub
 from webapp.jobs.models import Host
+from webapp.jobs.services import latest_allocation
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
 from webapp.throttles import AgentRateThrottle
 
@@ -64,7 +65,7 @@ class HostAllocationView(APIView):
             version = pubsub.wait_for_newer_version(host.pk, after, wait, current_version)
         if version <= after:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        allocation = host.allocations.order_by("-version").first()
+        allocation = latest_allocation(host)
         return Response(AllocationSerializer(allocation).data)
 
     @staticmethod

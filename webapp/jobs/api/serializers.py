@@ -3,7 +3,7 @@ import re
 from rest_framework import serializers
 
 import tuner as tuner_lib
-from webapp.jobs.models import Allocation, AuditEntry, Host, Job, Stage
+from webapp.jobs.models import CONTROL_PLANE_OPTIONS, Allocation, AuditEntry, Host, Job, Stage
 from webapp.strict_fields import (
     StrictCharField,
     StrictFloatField,
@@ -99,8 +99,6 @@ class JobSerializer(StrictModelSerializer):
     def validate(self, attrs: dict) -> dict:
         """Refuse tuning options the chosen tuner does not take, now rather than when a session
         starts and fails."""
-        from webapp.tuning.services import CONTROL_PLANE_OPTIONS
-
         job = self.instance
         tuner_name = attrs.get("tuner", job.tuner if job else "intune")
         options = attrs.get("tuning_options", job.tuning_options if job else {})
@@ -176,9 +174,7 @@ class HostSerializer(StrictModelSerializer):
         return AllocationSerializer(newest).data if newest else None
 
     def get_override(self, host: Host) -> dict | None:
-        from webapp.tuning.services import active_override
-
-        override = active_override(host)
+        override = host.overrides.in_force()  # tuning's relation: jobs does not import tuning
         if override is None:
             return None
         return {

@@ -1,6 +1,6 @@
 """InTune on the real DLRM pipeline of this host: online tuning against the best allocation.
 
-    python -m webapp.stack.bench_online_tuning --seconds-per-allocation 6 --tuning-seconds 60
+    python -m benchmarks.online_tuning --seconds-per-allocation 6 --tuning-seconds 60
 
 1. Exhaustive: runs the DLRM pipeline (``agents.dlrm``) once and, resizing it live, measures the
    samples/s of every allocation the host's worker budget allows (each stage at least one
@@ -27,8 +27,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import track
 
-from .live import LiveStack
-from .supervisor import wait_until
+from tests.support.live_stack import LiveStack
+from webapp.stack.supervisor import wait_until
 
 console = Console()
 
@@ -136,7 +136,7 @@ def online(tuning_seconds: float, interval: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m webapp.stack.bench_online_tuning",
+        prog="python -m benchmarks.online_tuning",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,10 +1,12 @@
 """A stand-in control plane: protocol v1 (docs/agent-protocol.md) in memory, without Django.
 
 It is not the control plane (that is ``webapp/``). It exists to test agents and measure their
-overhead where running Django, a database and Redis would be the bigger part of the work, and
-as an executable reading of the protocol for agent authors. It keeps what it stores across
-:meth:`StandinControlPlane.stop` / :meth:`start` on the same port, as a real control plane
-keeps its database across an outage, so "nothing lost, nothing duplicated" can be checked.
+overhead where running Django, a database and Redis would be the bigger part of the work
+(the agent's tests, the agent-only install check of tests/packaging,
+``benchmarks.agent_overhead``), and as an executable reading of the protocol for agent
+authors. It keeps what it stores across :meth:`StandinControlPlane.stop` / :meth:`start` on the
+same port, as a real control plane keeps its database across an outage, so "nothing lost,
+nothing duplicated" can be checked.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
+
+from agents.protocol import MAX_BODY_BYTES, MAX_SAMPLES_PER_BATCH
 
 HOST_KEYS = {"cpus", "cpu_percent", "per_cpu_percent", "memory_used_mb", "memory_limit_mb"}
 STAGE_KEYS = {"name", "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue"}
@@ -257,8 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlparse(self.path).path.strip("/").split("/")
         if self._failing():
             return
-        if len(raw) > 1 << 20:
-            return self._answer(413, {"detail": "body over 1 MiB"})
+        if len(raw) > MAX_BODY_BYTES:
+            return self._answer(413, {"detail": f"body over {MAX_BODY_BYTES} bytes"})
         body = json.loads(raw or b"{}")
         if parts[:3] == ["api", "v1", "jobs"] and parts[4:] == ["hosts"]:
             if self.headers.get("Authorization") != f"Token {self.plane.api_token}":
@@ -286,8 +290,10 @@ class _Handler(BaseHTTPRequestHandler):
             samples = body.get("samples", [])
             if not samples and body.get("allocation_status") is None:
                 return self._answer(400, {"detail": "samples: must not be empty without status"})
-            if len(samples) > 600:
-                return self._answer(400, {"detail": "samples: at most 600 per batch"})
+            if len(samples) > MAX_SAMPLES_PER_BATCH:
+                return self._answer(
+                    400, {"detail": f"samples: at most {MAX_SAMPLES_PER_BATCH} per batch"}
+                )
             for i, sample in enumerate(samples):
                 problem = validate_sample(sample, host.stage_names, f"samples[{i}]")
                 if problem:

@@ -1,4 +1,4 @@
-"""``python -m agents.bench`` runs every pipeline benchmark and writes its figures (a tiny run:
+"""``python -m benchmarks.pipeline`` runs every pipeline benchmark and writes its figures (a tiny run:
 the figures themselves are measured on a quiet machine, docs/benchmarks.md)."""
 
 import json
@@ -7,16 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agents.bench.pipeline_bench import LAYOUTS
+from benchmarks.pipeline.measure import LAYOUTS
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_tiny_run_writes_every_figure_and_the_docs_section(tmp_path):
     out, docs = tmp_path / "bench.json", tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\n## Pipeline\n\nold figures\n\n## Tuner\n\nkept\n")
     done = subprocess.run(
-        [sys.executable, "-m", "agents.bench", "--cores", "1", "--seconds", "0.4",
+        [sys.executable, "-m", "benchmarks.pipeline", "--cores", "1", "--seconds", "0.4",
          "--warmup", "0.2", "--resizes", "3", "--rows", "8192", "--batch-size", "512",
          "--json", str(out), "--write-docs", str(docs)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -1,6 +1,6 @@
 """How the scaling benchmark plans its work on hosts of any size."""
 
-from agents.bench.pipeline_bench import default_core_counts, proportional_allocation
+from benchmarks.pipeline.measure import default_core_counts, proportional_allocation
 
 
 def test_core_counts_are_every_count_on_a_small_host_and_doubling_on_a_big_one():

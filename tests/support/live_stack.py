@@ -13,9 +13,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from .embedded_redis import EmbeddedRedis
-from .services import command
-from .supervisor import ProcessGroup, wait_until
+from webapp.stack.embedded_redis import EmbeddedRedis
+from webapp.stack.services import command
+from webapp.stack.supervisor import ProcessGroup, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

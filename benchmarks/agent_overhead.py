@@ -1,8 +1,8 @@
 """Benchmark: the agent's CPU overhead at 1 Hz (the issue's target: under 1% of one core).
 
-    python -m agents.daemon.bench_overhead --seconds 60               # DLRM pipeline + trainer
-    python -m agents.daemon.bench_overhead --pipeline counting --json out.json
-    python -m agents.daemon.bench_overhead --url http://intune:8000 --host-id 3 --token ia_...
+    python -m benchmarks.agent_overhead --seconds 60               # DLRM pipeline + trainer
+    python -m benchmarks.agent_overhead --pipeline counting --json out.json
+    python -m benchmarks.agent_overhead --url http://intune:8000 --host-id 3 --token ia_...
 
 It runs a pipeline and its consumer as in production, attaches an agent, and measures the CPU
 time of the agent's own threads (sampler, shipper, poller; and the Prometheus endpoint with
@@ -28,7 +28,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from agents.daemon.agent import Agent, AgentConfig
 
-log = logging.getLogger("agents.daemon.bench_overhead")
+log = logging.getLogger("benchmarks.agent_overhead")
 
 
 def thread_cpu_seconds(threads: dict[str, threading.Thread]) -> dict[str, float]:
@@ -93,7 +93,7 @@ def measure(args: argparse.Namespace) -> dict:
     standin = None
     url, host_id, token = args.url, args.host_id, args.token
     if not url:
-        from agents.daemon.standin import StandinControlPlane
+        from tests.support.standin_control_plane import StandinControlPlane
 
         standin = StandinControlPlane().start()
         host = standin.add_host(list(pipeline.stage_names))
@@ -163,7 +163,7 @@ def measure(args: argparse.Namespace) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     """The command line of the overhead benchmark."""
     p = argparse.ArgumentParser(
-        prog="python -m agents.daemon.bench_overhead",
+        prog="python -m benchmarks.agent_overhead",
         description="Measure the agent's CPU overhead (percent of one core) while it samples "
         "a running pipeline and trainer and ships to a control plane.",
     )

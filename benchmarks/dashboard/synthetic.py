@@ -1,7 +1,7 @@
 """Synthetic history for a host: samples, allocations, a tuning session and its decisions.
 
-For the dashboard's benchmark (``manage.py dashboard_bench``) and for looking at the pages with
-a day of data without waiting a day. Written straight to the database in bulk; nothing here is
+For the dashboard's benchmark (``python -m benchmarks.dashboard``) and for looking at the pages
+with a day of data without waiting a day (its ``--keep``). Written straight to the database in bulk; nothing here is
 used by the control plane itself.
 """
 

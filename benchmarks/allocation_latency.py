@@ -1,6 +1,6 @@
 """How long from an allocation being stored to the agent having applied it (target p95 < 1 s).
 
-    python -m webapp.stack.bench_allocation_latency --changes 30
+    python -m benchmarks.allocation_latency --changes 30
 
 Starts a live stack and a real agent (``intune-agent`` with the light counting pipeline, so the
 figure is the control plane's and the agent's, not the DLRM pipeline's start-up), then stores
@@ -18,15 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from .live import LiveStack
-from .supervisor import wait_until
+from tests.support.live_stack import LiveStack
+from webapp.stack.supervisor import wait_until
 
 STAGES = ["s0", "s1", "s2"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m webapp.stack.bench_allocation_latency",
+        prog="python -m benchmarks.allocation_latency",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,7 +1,7 @@
 """Simulated agents: N real HTTP clients streaming 1 Hz metric batches at a control plane.
 
-    python -m webapp.stack.loadgen --agents 200 --stages 8 --seconds 300           # own live stack
-    python -m webapp.stack.loadgen --url http://127.0.0.1:8000 --api-token T ...   # an existing one
+    python -m benchmarks.loadgen --agents 200 --stages 8 --seconds 300           # own live stack
+    python -m benchmarks.loadgen --url http://127.0.0.1:8000 --api-token T ...   # an existing one
 
 Each simulated agent registers a host, then once a second posts one sample with one row per
 stage (as the real agent does at 1 Hz), and keeps an allocation long-poll open. Agents run as
@@ -245,7 +245,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m webapp.stack.loadgen",
+        prog="python -m benchmarks.loadgen",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         import tempfile
 
-        from .live import LiveStack
+        from tests.support.live_stack import LiveStack
 
         stack = LiveStack(
             Path(tempfile.mkdtemp(prefix="intune-load-")),

@@ -1,4 +1,4 @@
-"""``python -m agents.bench``: the pipeline benchmarks, printed, saved and documented."""
+"""``python -m benchmarks.pipeline``: the pipeline benchmarks, printed, saved and documented."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from agents.bench import pipeline_bench as bench
 from agents.dlrm import build_pipeline, ensure_dataset
+from benchmarks.pipeline import measure as bench
 
 console = Console(stderr=True, soft_wrap=True)
-log = logging.getLogger("agents.bench")
+log = logging.getLogger("benchmarks.pipeline")
 
 
 def _machine() -> str:
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "machine": _machine(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python -m agents.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": "python -m benchmarks.pipeline "
+        + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "batch_size": args.batch_size,
         "seconds_per_point": args.seconds,
         "load_average_before": os.getloadavg(),
@@ -205,9 +206,9 @@ def _core_counts(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m agents.bench``."""
+    """Entry point of ``python -m benchmarks.pipeline``."""
     parser = argparse.ArgumentParser(
-        prog="python -m agents.bench",
+        prog="python -m benchmarks.pipeline",
         description="Benchmark the DLRM ingestion pipeline: scaling with cores, against "
         "torch's DataLoader, live-resize latency and the cost of sampling its metrics.",
     )

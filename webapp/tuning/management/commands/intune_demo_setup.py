@@ -10,13 +10,11 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from agents.dlrm.schema import STAGE_NAMES
 from webapp.jobs.models import Host, Job
 from webapp.jobs.services import register_host, register_job
 from webapp.permissions import OPERATORS_GROUP
 from webapp.tuning.services import start_tuning
-
-# The stages of agents' DLRM pipeline (agents/dlrm), in order.
-DLRM_STAGES = ["read", "parse", "transform", "collate", "prefetch"]
 
 
 class Command(BaseCommand):
@@ -52,7 +50,7 @@ class Command(BaseCommand):
             user=user,
             name=job,
             description="The DLRM ingestion pipeline running on this machine (make demo).",
-            stages=[{"name": name} for name in DLRM_STAGES],
+            stages=[{"name": name} for name in STAGE_NAMES],
             tuner="intune",
             decision_interval_s=5.0,
         )

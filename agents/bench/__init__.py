@@ -1,1 +1,0 @@
-"""Benchmarks of the pipeline runtime (``python -m agents.bench``); see ``agents.bench.cli``."""

@@ -1,8 +1,0 @@
-"""``python -m agents.bench``: see ``agents.bench.cli``."""
-
-import sys
-
-from agents.bench.cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())

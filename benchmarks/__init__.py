@@ -1,0 +1,16 @@
+"""Benchmarks and load generators: they measure the system; nothing of the runtime imports them.
+
+Run from the repository root (``make bench`` runs the first):
+
+- ``python -m benchmarks.pipeline``: the pipeline runtime (scaling with cores, layouts,
+  DataLoader side by side, live-resize latency);
+- ``python -m benchmarks.agent_overhead``: the agent's CPU cost at 1 Hz;
+- ``python -m benchmarks.loadgen``: simulated agents streaming metrics at a control plane;
+- ``python -m benchmarks.allocation_latency``: from a stored allocation to the agent applying it;
+- ``python -m benchmarks.online_tuning``: InTune on this host's DLRM pipeline against the best
+  allocation;
+- ``python -m benchmarks.dashboard``: the job page's server time on a day of samples.
+
+Figures and the exact commands are in docs/benchmarks.md. The stacks they start come from
+``tests.support`` (the live stack, the stand-in control plane), which the tests use too.
+"""
