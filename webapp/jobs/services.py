@@ -1,12 +1,24 @@
 """Logic on jobs, hosts and allocations that is neither a view nor a model."""
 
-import math
+from collections import defaultdict
 from collections.abc import Mapping
+from statistics import fmean
+from typing import NamedTuple
 
 from django.db import transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
+from agents.budget import (
+    HostBudget,
+    StageBudget,
+    WorkerCpuMeter,
+    allocation_cpu_slots,
+    allocation_memory_mb,
+    allocation_problems,
+    cpu_slots,
+    most_workers,
+)
 from webapp import pubsub
 
 from .models import Allocation, AuditEntry, Host, Job, Stage
@@ -24,12 +36,6 @@ def audit(
         host=host,
         details=details,
     )
-
-
-def default_worker_budget(cpus: float, stage_count: int) -> int:
-    """CPUs plus one slot per stage: the OS time-slices the CPUs among the workers, as it does
-    for tf.data's parallelism, so even a small host has a choice to make."""
-    return max(stage_count, math.floor(cpus) + stage_count)
 
 
 @transaction.atomic
@@ -55,7 +61,7 @@ def register_host(
         name=name,
         cpus=cpus,
         memory_mb=memory_mb,
-        worker_budget=worker_budget or default_worker_budget(cpus, len(stage_names)),
+        worker_budget=worker_budget or cpu_slots(cpus, len(stage_names)),
     )
     host.set_token(token)
     host.save()
@@ -84,7 +90,7 @@ def memory_mb_per_worker(host: Host) -> dict[str, float]:
 
 
 def effective_worker_budget(host: Host) -> int:
-    """The registered budget, or less when the agent reports a smaller one: the agent knows its
+    """The registered CPU slots, or fewer when the agent reports fewer: the agent knows its
     host (cgroup limits, --worker-budget) and refuses more than it allows."""
     from webapp.ingestion.models import HostSample
 
@@ -97,54 +103,128 @@ def effective_worker_budget(host: Host) -> int:
     return min(host.worker_budget, reported) if reported else host.worker_budget
 
 
-def validate_allocation(host: Host, workers: object) -> dict[str, int]:
-    """Check an allocation against the job's stages and the host's budgets.
+# Samples read back to measure what a worker costs: a minute at the agent's 1 Hz, of which the
+# meter keeps each stage's last few that say something (agents.budget.WorkerCpuMeter).
+BUDGET_SAMPLES = 60
 
-    Raises ValidationError with every problem found, each saying what is wrong and the limit.
+
+class Budget(NamedTuple):
+    """A host's budget as agents.budget checks it: the host's and each stage's."""
+
+    host: HostBudget
+    stages: list[StageBudget]
+
+
+def _recent_measurements(host: Host) -> list[tuple[float, list[dict]]]:
+    """The host's last raw samples, oldest first: (host CPU percent, the stages' fields)."""
+    from webapp.ingestion.models import HostSample, StageSample
+
+    samples = list(
+        HostSample.objects.filter(host=host, resolution_s=1)
+        .order_by("-ts")
+        .values("id", "cpu_percent")[:BUDGET_SAMPLES]
+    )
+    stages = defaultdict(list)
+    rows = StageSample.objects.filter(sample_id__in=[s["id"] for s in samples]).values(
+        "sample_id", "stage", "workers", "busy_fraction", "cpu_percent"
+    )
+    for row in rows:
+        stages[row["sample_id"]].append({**row, "name": row["stage"]})
+    return [(s["cpu_percent"], stages[s["id"]]) for s in reversed(samples)]
+
+
+def host_budget(host: Host, measurements: list | None = None) -> Budget:
+    """The host's budget: its CPU slots (effective_worker_budget), its registered memory, and
+    each stage's bound, CPU slots per worker (measured from the agent's samples, one until
+    measured) and memory per worker."""
+    if measurements is None:
+        measurements = _recent_measurements(host)
+    meter = WorkerCpuMeter()
+    for host_cpu_percent, stages in measurements:
+        meter.update(stages, host_cpu_percent)
+    worker_cpu = meter.worker_cpu()
+    memory = memory_mb_per_worker(host)
+    stages = [
+        StageBudget(
+            stage.name,
+            max_workers=stage.max_workers,
+            worker_cpu=worker_cpu.get(stage.name, 1.0),
+            memory_mb_per_worker=memory.get(stage.name),
+        )
+        for stage in host.job.stages.all()
+    ]
+    return Budget(HostBudget(effective_worker_budget(host), host.memory_mb, host.cpus), stages)
+
+
+def validate_allocation(
+    host: Host, workers: object, budget: Budget | None = None
+) -> dict[str, int]:
+    """Check an allocation against the job's stages and the host's budget (agents.budget).
+
+    ``budget`` defaults to :func:`host_budget`; a caller that showed a tuner the budget passes
+    the same one, so that what the tuner allowed is what is checked. Raises ValidationError with
+    every problem found, each saying what is wrong and the limit.
     """
-    if not isinstance(workers, Mapping):
-        raise ValidationError({"workers": "must be an object of stage name -> worker count"})
-    stages = {stage.name: stage for stage in host.job.stages.all()}
-    errors = []
-    unknown = sorted(set(workers) - set(stages))
-    if unknown:
-        errors.append(f"unknown stage(s) {unknown}; this job's stages are {list(stages)}")
-    missing = [name for name in stages if name not in workers]
-    if missing:
-        errors.append(f"missing stage(s) {missing}: give every stage a worker count")
-    clean: dict[str, int] = {}
-    for name, count in workers.items():
-        if name not in stages:
-            continue
-        if isinstance(count, bool) or not isinstance(count, int):
-            errors.append(f"stage '{name}': worker count must be an integer, got {count!r}")
-            continue
-        if count < 1:
-            errors.append(f"stage '{name}' asks for {count} workers; every stage needs at least 1")
-            continue
-        limit = stages[name].max_workers
-        if limit is not None and count > limit:
-            errors.append(f"stage '{name}' asks for {count} workers but allows at most {limit}")
-            continue
-        clean[name] = count
-    if not errors:
-        total = sum(clean.values())
-        budget = effective_worker_budget(host)
-        if total > budget:
-            errors.append(
-                f"the allocation asks for {total} workers but the host budget is "
-                f"{budget} worker slots ({host.cpus:g} CPUs)"
-            )
-        per_worker = memory_mb_per_worker(host)
-        needed = sum(clean[name] * per_worker.get(name, 0.0) for name in clean)
-        if needed > host.memory_mb:
-            errors.append(
-                f"the allocation needs about {needed:.0f} MB of memory but the host's budget is "
-                f"{host.memory_mb:.0f} MB"
-            )
-    if errors:
-        raise ValidationError({"workers": errors})
-    return {name: clean[name] for name in stages}
+    budget = budget or host_budget(host)
+    problems = allocation_problems(workers, budget.stages, budget.host)
+    if problems:
+        raise ValidationError({"workers": problems})
+    assert isinstance(workers, Mapping)
+    return {stage.name: workers[stage.name] for stage in budget.stages}
+
+
+def budget_summary(host: Host) -> dict:
+    """The host's budget in its own terms, for the API and the dashboard: CPU slots and what the
+    newest allocation takes of them, the CPU the pipeline was measured to use, memory, and each
+    stage's CPU slots per worker and most workers."""
+    measurements = _recent_measurements(host)
+    budget = host_budget(host, measurements)
+    newest = latest_allocation(host)
+    workers = newest.workers if newest is not None else {}
+    taken = allocation_cpu_slots(workers, budget.stages) if newest else None
+    memory = allocation_memory_mb(workers, budget.stages) if newest else None
+    recent = measurements[-10:]
+    cpu_used = (
+        fmean(sum(s["cpu_percent"] for s in stages) / 100 for _, stages in recent)
+        if recent
+        else None
+    )
+    slots = budget.host.cpu_slots
+    parts = []
+    if cpu_used is not None:
+        parts.append(f"CPU {cpu_used:.1f} of {host.cpus:g} used by the pipeline")
+    if taken is not None:
+        waiting = ", ".join(
+            f"{s.name} waits: {s.worker_cpu:.2f} of a slot per worker"
+            for s in budget.stages
+            if s.waits
+        )
+        parts.append(
+            f"the allocation takes {taken:.1f} of {slots:g} CPU slots"
+            + (f" ({waiting})" if waiting else "")
+        )
+    if memory:
+        parts.append(f"memory about {memory:.0f} of {host.memory_mb:.0f} MB")
+    else:
+        parts.append(f"memory budget {host.memory_mb:.0f} MB")
+    return {
+        "cpus": host.cpus,
+        "cpu_slots": slots,
+        "cpu_slots_taken": None if taken is None else round(taken, 3),
+        "cpu_used": None if cpu_used is None else round(cpu_used, 3),
+        "memory_mb": host.memory_mb,
+        "memory_estimated_mb": None if memory is None else round(memory, 1),
+        "stages": [
+            {
+                "name": s.name,
+                "worker_cpu": round(s.worker_cpu, 4),
+                "waits": s.waits,
+                "most_workers": most_workers(s, budget.stages, budget.host),
+            }
+            for s in budget.stages
+        ],
+        "summary": "; ".join(parts),
+    }
 
 
 def create_allocation(host: Host, workers: dict[str, int], source: str, user=None) -> Allocation:

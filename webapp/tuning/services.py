@@ -9,7 +9,7 @@ from rest_framework.exceptions import ValidationError
 
 import tuner as tuner_lib
 from webapp.jobs.models import Allocation, Host, Job
-from webapp.jobs.services import audit, create_allocation, validate_allocation
+from webapp.jobs.services import audit, create_allocation, host_budget, validate_allocation
 
 from .models import Decision, Override, TuningSession
 from .observations import build_observation, fresh_window, summarise
@@ -154,7 +154,9 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         span = (window[-1].ts - window[0].ts + 1.0) if window else 0.0
         if span < interval:
             return "waiting for fresh metrics", max(0.5, min(interval - span, interval))
-        observation = build_observation(host, window)
+        # One budget for the tuner's mask and the check of its decision, so that they agree.
+        budget = host_budget(host)
+        observation = build_observation(host, window, budget)
         policy = (
             tuner_lib.loads(bytes(session.checkpoint))
             if session.checkpoint
@@ -163,7 +165,7 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         started = time.perf_counter()
         decision = policy.decide(observation)
         latency_ms = (time.perf_counter() - started) * 1000
-        workers = validate_allocation(host, decision.allocation)
+        workers = validate_allocation(host, decision.allocation, budget)
         current = newest.workers if newest is not None else None
         allocation = newest
         if workers != current:
