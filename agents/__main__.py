@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--worker-budget",
         type=int,
         default=None,
-        help="most workers of all stages together (default: CPUs + number of stages)",
+        help="CPU slots of all stages together: a worker that computes takes one, one that "
+        "waits the CPU it was measured to use (default: whole CPUs + number of stages)",
     )
     agent.add_argument(
         "--memory-budget-mb",

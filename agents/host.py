@@ -11,7 +11,6 @@ arguments so that tests can point it at a fake tree; by default it reads the liv
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,12 +150,6 @@ def memory_limit_mb(root: Path = CGROUP_ROOT, cgroup_text: str | None = None) ->
     return min(total, limit or total) / 2**20
 
 
-def default_worker_budget(cpus: float, stage_count: int) -> int:
-    """Return the default most workers all stages together may run: the whole CPUs plus one
-    per stage, so that even a one-CPU host has a choice of how to split its time slices."""
-    return max(1, math.floor(cpus)) + stage_count
-
-
 @dataclass
 class HostLimits:
     """The host's capacity as seen from inside its container."""
@@ -193,7 +186,8 @@ class HostSampler:
 
     def sample(self, worker_budget: int) -> dict:
         """Return the protocol's ``host`` object: cpus, cpu_percent, per_cpu_percent,
-        memory_used_mb, memory_limit_mb and the worker budget in force."""
+        memory_used_mb, memory_limit_mb and the budget's CPU slots in force
+        (``worker_budget``, :mod:`agents.budget`)."""
         self._count += 1
         if self._count % self.limits_every == 0:
             self.limits = HostLimits.detect(self.cgroup_root)

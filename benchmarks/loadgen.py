@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from agents.budget import cpu_slots
+
 
 def _sample(seq: int, stages: list[str], version: int) -> dict:
     throughput = random.uniform(5_000, 50_000)
@@ -35,7 +37,7 @@ def _sample(seq: int, stages: list[str], version: int) -> dict:
             "cpu_percent": random.uniform(20, 95),
             "memory_used_mb": 20_000.0,
             "memory_limit_mb": 65_536.0,
-            "worker_budget": 16 + len(stages),
+            "worker_budget": cpu_slots(16.0, len(stages)),
         },
         "trainer": {
             "throughput": throughput,

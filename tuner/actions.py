@@ -1,28 +1,34 @@
 """InTune's action space and the features its network scores, for any pipeline of 2..16 stages.
 
 Actions move CPU between stages: ``hold``; ``rebalance`` (water-fill the workers over the stages
-in proportion to their measured per-worker rates, see :mod:`tuner.balance`, to the current total,
-to one worker per CPU, or to the whole worker budget: one step crosses a big host); ``add`` k
-workers to a stage from the free worker budget; ``remove`` k workers from a stage; ``move`` k
-workers into a stage from the stage that keeps the most capacity after giving them (choosing the
-source this way keeps the action count linear in stages). k has three levels relative to the
-stage's workers (one worker, about a quarter, and doubling or halving), so that fine tuning is
-still possible once a rebalance has crossed the host. Actions that break a cap, the worker
-budget, or the memory limit (with a margin from :class:`~tuner.memory.MemoryEstimator`) are
-masked.
+in proportion to their measured per-worker rates, see :mod:`tuner.balance`, to the CPU slots the
+allocation takes now, to one slot per CPU, or to all the host's slots: one step crosses a big
+host); ``add`` k workers to a stage from the free slots; ``remove`` k workers from a stage;
+``move`` k workers into a stage from the stage that keeps the most capacity after giving them
+(choosing the source this way keeps the action count linear in stages). k has three levels
+relative to the stage's workers (one worker, about a quarter, and doubling or halving), so that
+fine tuning is still possible once a rebalance has crossed the host. Actions that break a stage's
+bound, the host's CPU slots (:mod:`agents.budget`: a worker that waits takes only the CPU it was
+measured to use, so a waiting stage may have many), or the memory limit (with a margin from
+:class:`~tuner.memory.MemoryEstimator`) are masked.
 
 Every feature is computed from measurements only. Per stage, the network also sees the model-based
 change of the bottleneck's capacity each action would make, assuming linear scaling; it learns
-where that guess is wrong (sublinear scaling, CPU contention, a consumer cap).
+where that guess is wrong (sublinear scaling, CPU contention, a consumer cap). A stage's first
+feature is the CPU slots one of its workers takes: 1 when it computes, its measured CPU per busy
+worker when it waits (busy time against CPU time); a waiting stage's capacity barely depends on
+the CPU share, and the predicted gains say so.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from agents.budget import StageBudget, WorkerCpuMeter
 from tuner.balance import water_fill
 from tuner.memory import MemoryEstimator
 from tuner.observation import Observation
@@ -31,7 +37,7 @@ MAX_STAGES = 16
 KINDS = ("add", "remove", "move")
 LEVELS = 3
 PER_STAGE = len(KINDS) * LEVELS
-# Rebalance macro-actions: water-fill to the current total, to one worker per CPU, to the budget.
+# Rebalance macro-actions: water-fill to the CPU slots taken now, to one per CPU, to all of them.
 REBALANCE_TARGETS = ("same", "cpus", "budget")
 FIRST_STAGE_ACTION = 1 + len(REBALANCE_TARGETS)
 NUM_ACTIONS = FIRST_STAGE_ACTION + MAX_STAGES * PER_STAGE
@@ -75,6 +81,28 @@ class EncodedState:
     labels: dict[int, str]  # action index -> human-readable label
 
 
+def measure_worker_cpu(meter: WorkerCpuMeter, observation: Observation) -> dict[str, float]:
+    """Fold an observation into ``meter``; return each stage's CPU slots per worker: the
+    control plane's when the observation carries them, else the meter's (1 until measured)."""
+    meter.update(
+        [
+            {
+                "name": s.name,
+                "workers": s.workers,
+                "busy_fraction": s.busy_fraction,
+                "cpu_percent": s.cpu_percent,
+            }
+            for s in observation.stages
+        ],
+        observation.host.cpu_percent,
+    )
+    measured = meter.worker_cpu()
+    return {
+        s.name: s.worker_cpu if s.worker_cpu is not None else measured.get(s.name, 1.0)
+        for s in observation.stages
+    }
+
+
 def estimated_capacity(observation: Observation) -> np.ndarray:
     """Samples/s each stage could produce with its current workers: output / busy fraction."""
     return np.array(
@@ -87,6 +115,7 @@ def encode(
     memory: MemoryEstimator,
     last_per_worker: dict[str, float] | None = None,
     scaling: dict[str, float] | None = None,
+    worker_cpu: Mapping[str, float] | None = None,
 ) -> EncodedState:
     """Features, action mask and candidate allocations for one observation.
 
@@ -94,6 +123,8 @@ def encode(
     per worker at the last good step) then stands in, so that rebalancing, the one move that can
     get under the limit in a single step, stays available. ``scaling`` holds each stage's estimated
     exponent (:mod:`tuner.scaling`); predicted gains and rebalances use ``workers ** scaling``.
+    ``worker_cpu`` holds the CPU slots one worker of each stage takes (:func:`measure_worker_cpu`;
+    one each when left out).
     """
     stages = observation.stages
     n = len(stages)
@@ -102,9 +133,13 @@ def encode(
     names = [s.name for s in stages]
     host = observation.host
     workers = np.array([s.workers for s in stages], dtype=int)
-    total = int(workers.sum())
-    budget = int(host.worker_budget)
-    caps = [s.max_workers if s.max_workers is not None else budget for s in stages]
+    budget = float(host.worker_budget)
+    cost = np.array([(worker_cpu or {}).get(name, 1.0) for name in names])
+    slots = float(workers @ cost)  # CPU slots the allocation in force takes
+    caps = [
+        StageBudget(s.name, s.max_workers, float(c)).most_workers or int(budget)
+        for s, c in zip(stages, cost, strict=True)
+    ]
     limit = max(host.memory_limit_mb, 1.0)
     mem_mean = memory.per_worker(names)
     mem_upper = memory.per_worker_upper(names)
@@ -145,15 +180,16 @@ def encode(
         # Capacity at one worker, at the current CPU share.
         per_worker = capacity / workers**exponent
         for t, target in enumerate(REBALANCE_TARGETS):
-            wanted = {"same": total, "cpus": min(budget, int(cpus)), "budget": budget}[target]
-            wanted = min(max(wanted, n), budget)
-            new = list(water_fill(per_worker, caps, wanted, mem_upper, limit, exponent))
+            wanted = {"same": slots, "cpus": min(budget, int(cpus)), "budget": budget}[target]
+            wanted = min(max(wanted, float(cost.sum())), budget)
+            new = list(water_fill(per_worker, caps, wanted, mem_upper, limit, exponent, cost))
             label = f"rebalance {sum(new)} workers ({target})"
             candidates.append((1 + t, new, label, (-1, 10 + t), (-1, 13 + t)))
     for j, stage in enumerate(stages):
         w = base[j]
         for level in range(LEVELS):
-            k = min(_size("add", level, w), caps[j] - w, budget - total)
+            free = math.floor((budget - slots) / cost[j] + 1e-9)
+            k = min(_size("add", level, w), caps[j] - w, free)
             if k >= 1:
                 new = base.copy()
                 new[j] += k
@@ -193,9 +229,16 @@ def encode(
         matrix = np.array([c[1] for c in candidates], dtype=float)
         new_memory = matrix @ mem_upper
         memory_fraction = (matrix @ mem_mean) / limit
-        totals = matrix.sum(axis=1)
-        factor = np.minimum(1.0, cpus / totals) / min(1.0, cpus / max(total, 1))
-        new_capacity = capacity * (matrix / workers) ** exponent * factor[:, None]
+        # CPU slots each candidate takes; a worker asks for about its slots of a CPU while busy.
+        totals = matrix @ cost
+        share_now = min(1.0, cpus / max(slots, 1e-9))
+        share_new = np.minimum(1.0, cpus / totals)
+        # A worker takes (1 - c) of waiting plus c / share of CPU time per unit of work: the CPU
+        # share moves a stage that computes (c = 1) in full and one that waits hardly at all.
+        factor = ((1.0 - cost) + cost / share_now) / (
+            (1.0 - cost)[None, :] + cost[None, :] / share_new[:, None]
+        )
+        new_capacity = capacity * (matrix / workers) ** exponent * factor
         # Scaled to about -1..1; a 20x gain is as good as it gets in one step.
         gains = np.clip(np.log(new_capacity.min(axis=1) / bottleneck), -3.0, 3.0) / GAIN_SCALE
         seen: set[tuple[int, ...]] = {tuple(base)}
@@ -203,8 +246,8 @@ def encode(
         # only an allocation that fits in one step helps; partial cuts are kept as a last resort.
         fits = new_memory <= limit
         strict = over_memory and bool(fits.any())
-        # An agent refuses any allocation above the worker budget (it can shrink under events).
-        within_budget = totals <= budget
+        # An agent refuses any allocation above the host's CPU slots (they can shrink under events).
+        within_budget = totals <= budget + 1e-9
         for c, (index, new, label, slot, memory_slot) in enumerate(candidates):
             labels[index] = label
             if memory_slot is not None:
@@ -228,13 +271,13 @@ def encode(
         w = base[j]
         row = stage_features[j]
         slack = math.log(capacity[j] / bottleneck) if not oom else 0.0
-        row[0] = 1.0
+        row[0] = cost[j]
         row[1] = min(slack, 3.0) / 3.0
         row[2] = 1.0 if slack < 0.03 and not oom else 0.0
         row[3] = stage.busy_fraction
         row[4] = stage.queue_fill
         row[5] = math.log2(w) / 7.0
-        row[6] = w / budget
+        row[6] = w * cost[j] / budget
         row[7] = min(1.0, (caps[j] - w) / w)
         row[8] = w * mem_mean[j] / limit
         row[24] = exponent[j]
@@ -242,9 +285,9 @@ def encode(
     global_features[0] = observation.trainer_idle_fraction
     global_features[1] = host.cpu_percent / 100.0
     global_features[2] = min(2.0, host.memory_used_mb / limit)
-    global_features[3] = total / budget
-    global_features[4] = min(4.0, total / cpus) / 4.0
-    global_features[5] = (budget - total) / budget
+    global_features[3] = slots / budget
+    global_features[4] = min(4.0, slots / cpus) / 4.0
+    global_features[5] = (budget - slots) / budget
     if not out_of_memory_step:
         global_features[6] = float(np.clip(math.log(bottleneck / observation.throughput), 0, 2))
     global_features[7] = 1.0 if out_of_memory_step else 0.0

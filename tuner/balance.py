@@ -16,31 +16,35 @@ import numpy as np
 def water_fill(
     per_worker: Sequence[float],
     caps: Sequence[int],
-    total: int,
+    total: float,
     memory_per_worker: Sequence[float] | None = None,
     memory_limit: float = float("inf"),
     scaling: Sequence[float] | None = None,
+    worker_cpu: Sequence[float] | None = None,
 ) -> tuple[int, ...]:
-    """Spread ``total`` workers (at least one per stage, within caps and memory) max-min fairly.
+    """Spread ``total`` CPU slots (at least one worker per stage, within caps and memory) over
+    the stages, max-min fairly.
 
     ``per_worker`` is each stage's capacity at one worker; with ``scaling`` a stage with ``w``
-    workers has ``per_worker * w ** scaling``. Stops early once the slowest stage cannot grow (its
-    cap or the memory limit): more workers elsewhere would cost CPU and memory for no throughput.
+    workers has ``per_worker * w ** scaling``. A worker takes ``worker_cpu`` slots (one each by
+    default, :mod:`agents.budget`). Stops early once the slowest stage cannot grow (its cap, the
+    slots or the memory limit): more workers elsewhere would cost CPU and memory for nothing.
     """
     n = len(per_worker)
     workers = [1] * n
     memory = np.zeros(n) if memory_per_worker is None else np.asarray(memory_per_worker, float)
+    cost = [1.0] * n if worker_cpu is None else [float(c) for c in worker_cpu]
     used = float(memory.sum())
     exponent = [1.0] * n if scaling is None else list(scaling)
     heap = [(per_worker[i], i) for i in range(n)]
     heapq.heapify(heap)
-    remaining = total - n
-    while remaining > 0 and heap:
+    remaining = total - sum(cost)
+    while heap:
         _, i = heapq.heappop(heap)
-        if workers[i] >= caps[i] or used + memory[i] > memory_limit:
+        if workers[i] >= caps[i] or used + memory[i] > memory_limit or cost[i] > remaining + 1e-9:
             break
         workers[i] += 1
         used += memory[i]
-        remaining -= 1
+        remaining -= cost[i]
         heapq.heappush(heap, (per_worker[i] * workers[i] ** exponent[i], i))
     return tuple(workers)

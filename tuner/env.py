@@ -2,9 +2,10 @@
 
 An observation is only what an agent can measure (never the twin's ground truth):
 
-- ``stages``: ``[16, 4]`` per stage workers, items/s out, busy fraction, queue fill (zero rows
-  after the last stage), with ``stage_present`` marking real stages;
-- ``host``: CPU count, CPU use (%), memory limit (MB), memory used (MB), worker budget;
+- ``stages``: ``[16, 5]`` per stage workers, items/s out, busy fraction, queue fill and CPU use
+  (100 = one CPU; with the busy fraction it tells a stage that waits from one that computes),
+  zero rows after the last stage, with ``stage_present`` marking real stages;
+- ``host``: CPU count, CPU use (%), memory limit (MB), memory used (MB), CPU slots;
 - ``pipeline``: throughput (samples/s) and the trainer's idle fraction.
 
 Actions are InTune's (:mod:`tuner.actions`): ``Discrete(NUM_ACTIONS)``;
@@ -20,7 +21,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from tuner.actions import MAX_STAGES, NUM_ACTIONS, EncodedState, encode, estimated_capacity
+from agents.budget import WorkerCpuMeter
+from tuner.actions import (
+    MAX_STAGES,
+    NUM_ACTIONS,
+    EncodedState,
+    encode,
+    estimated_capacity,
+    measure_worker_cpu,
+)
 from tuner.generate import random_scenario
 from tuner.memory import MemoryEstimator
 from tuner.observation import Observation
@@ -29,13 +38,21 @@ from tuner.scaling import ScalingEstimator
 from tuner.scenario import Scenario
 from tuner.twin import PipelineTwin
 
+STAGE_COLUMNS = 5
+
 
 def observation_arrays(observation: Observation) -> dict[str, np.ndarray]:
     """An :class:`Observation` as the arrays of :attr:`TuningEnv.observation_space`."""
-    stages = np.zeros((MAX_STAGES, 4), np.float32)
+    stages = np.zeros((MAX_STAGES, STAGE_COLUMNS), np.float32)
     present = np.zeros(MAX_STAGES, np.int8)
     for i, stage in enumerate(observation.stages):
-        stages[i] = (stage.workers, stage.items_per_s, stage.busy_fraction, stage.queue_fill)
+        stages[i] = (
+            stage.workers,
+            stage.items_per_s,
+            stage.busy_fraction,
+            stage.queue_fill,
+            stage.cpu_percent or 0.0,
+        )
         present[i] = 1
     host = observation.host
     return {
@@ -68,7 +85,7 @@ class TuningEnv(gym.Env):
         inf = np.float32(np.inf)
         self.observation_space = spaces.Dict(
             {
-                "stages": spaces.Box(0.0, inf, (MAX_STAGES, 4), np.float32),
+                "stages": spaces.Box(0.0, inf, (MAX_STAGES, STAGE_COLUMNS), np.float32),
                 "stage_present": spaces.MultiBinary(MAX_STAGES),
                 "host": spaces.Box(0.0, inf, (5,), np.float32),
                 "pipeline": spaces.Box(0.0, inf, (2,), np.float32),
@@ -91,6 +108,7 @@ class TuningEnv(gym.Env):
         self.memory = MemoryEstimator()
         self.per_worker: dict[str, float] = {}
         self.scaling = ScalingEstimator()
+        self.worker_cpu = WorkerCpuMeter()
         self.steps = 0
         self.observation = self.twin.reset()
         self.last_good = self.observation.throughput
@@ -107,7 +125,8 @@ class TuningEnv(gym.Env):
                 s.name: float(c / s.workers ** exponents[s.name])
                 for s, c in zip(observation.stages, capacity, strict=True)
             }
-        return encode(observation, self.memory, self.per_worker, exponents)
+        worker_cpu = measure_worker_cpu(self.worker_cpu, observation)
+        return encode(observation, self.memory, self.per_worker, exponents, worker_cpu)
 
     def action_masks(self) -> np.ndarray:
         """Which actions are allowed now."""

@@ -3,8 +3,10 @@
 Kinds: ``plain``, ``memory_bound`` (the memory limit binds before the CPUs do), ``io_capped``
 (a stage with a small ``max_workers``), ``sublinear`` (``scaling < 1``), ``consumer_bound`` (the
 trainer is the bottleneck), ``colocated`` (a co-located job takes CPUs mid-run), ``cpu_loss`` (the
-host loses half its CPUs mid-run), ``memory_loss`` (the memory limit shrinks mid-run). Any kind may
-also carry traits of the others at random, as real pipelines do.
+host loses half its CPUs mid-run), ``memory_loss`` (the memory limit shrinks mid-run), ``io_bound``
+(one or two stages whose workers mostly wait, such as a GET from an object store: latency-bound,
+little CPU each, so they want more workers than the host has CPUs). Any kind may also carry traits
+of the others at random, as real pipelines do.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ KINDS = (
     "colocated",
     "cpu_loss",
     "memory_loss",
+    "io_bound",
 )
+# The held-out suite's kinds: those of its committed file (tuner/suites/holdout.json), so that
+# the generator still writes that very file; waiting stages have their own suite (io_bound.json).
+HOLDOUT_KINDS = KINDS[:8]
 STAGE_NAMES = (
     "read", "decompress", "parse", "decode", "filter", "join", "hash", "embed_lookup",
     "transform", "augment", "normalize", "tokenize", "bucketize", "shuffle", "batch", "collate",
@@ -47,9 +53,12 @@ def random_scenario(
     cpus: tuple[int, int] = (2, 128),
     us_per_sample: tuple[float, float] = (0.5, 40.0),
     steps: int = 150,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Scenario:
-    """One random scenario of ``kind`` (random when None) with shapes in the given ranges."""
-    kind = kind or str(rng.choice(KINDS))
+    """One random scenario of ``kind`` (random among ``kinds`` when None) with shapes in the
+    given ranges. Stages that wait appear in the ``io_bound`` kind, and as a trait of the others
+    only when ``io_bound`` is among ``kinds``."""
+    kind = kind or str(rng.choice(kinds))
     n = int(rng.integers(stages[0], stages[1] + 1))
     host_cpus = int(round(float(_log_uniform(rng, cpus[0], cpus[1]))))
     names = STAGE_NAMES[:n] if n <= len(STAGE_NAMES) else [f"stage{i}" for i in range(n)]
@@ -63,9 +72,17 @@ def random_scenario(
             caps[int(i)] = int(rng.integers(1, 5))
             us[int(i)] *= float(rng.uniform(1.0, 4.0))
     memory = _log_uniform(rng, 32, 1024, size=n)
+    wait = np.zeros(n)
+    if kind == "io_bound" or ("io_bound" in kinds and rng.random() < 0.15):
+        # A latency-bound stage: 10 to 200 times its CPU time spent waiting, mostly the first
+        # (reading from an object store), sometimes one further on (a remote lookup).
+        for i in sorted({0, int(rng.integers(0, n))} if rng.random() < 0.3 else {0}):
+            caps[i] = None if rng.random() < 0.8 else int(rng.integers(8, 65))
+            wait[i] = us[i] * float(_log_uniform(rng, 10, 200))
+            memory[i] = 0.0  # thread workers share the process's memory
     specs = tuple(
         StageSpec(names[i], round(float(us[i]), 3), caps[i], round(float(scaling[i]), 3),
-                  round(float(memory[i]), 1))
+                  round(float(memory[i]), 1), round(float(wait[i]), 3))
         for i in range(n)
     )  # fmt: skip
     base = Scenario(name=name, cpus=float(host_cpus), memory_gb=1e6, stages=specs)
@@ -107,11 +124,11 @@ def holdout_suite(seed: int = 2026, count: int = 10) -> list[Scenario]:
     rng = np.random.default_rng(seed)
     suite = []
     for index in range(count):
-        kind = KINDS[index % len(KINDS)]
+        kind = HOLDOUT_KINDS[index % len(HOLDOUT_KINDS)]
         suite.append(
             random_scenario(
                 rng, f"holdout-{index:02d}-{kind}", kind, stages=(3, 12), cpus=(4, 96),
-                us_per_sample=(1.0, 80.0),
+                us_per_sample=(1.0, 80.0), kinds=HOLDOUT_KINDS,
             )
         )  # fmt: skip
     return suite

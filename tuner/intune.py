@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as functional
 
-from tuner.actions import EncodedState, encode, estimated_capacity
+from agents.budget import WorkerCpuMeter
+from tuner.actions import EncodedState, encode, estimated_capacity, measure_worker_cpu
 from tuner.memory import MemoryEstimator
 from tuner.observation import Decision, Observation
 from tuner.qnetwork import QNetwork
@@ -142,6 +143,7 @@ class IntuneTuner:
         """Forget the current pipeline (a new twin while pretraining); keep what was learnt."""
         self.memory = MemoryEstimator()
         self.scaling = ScalingEstimator()
+        self.worker_cpu = WorkerCpuMeter()
         self.previous: tuple[EncodedState, int] | None = None
         self.last_good_throughput: float | None = None
         self.per_worker_capacity: dict[str, float] = {}
@@ -187,7 +189,8 @@ class IntuneTuner:
         self.memory.update(observation)
         self.scaling.update(observation)
         exponents = {s.name: self.scaling.scaling(s.name) for s in observation.stages}
-        state = encode(observation, self.memory, self.per_worker_capacity, exponents)
+        worker_cpu = measure_worker_cpu(self.worker_cpu, observation)
+        state = encode(observation, self.memory, self.per_worker_capacity, exponents, worker_cpu)
         reward = None
         if self.previous is not None:
             reward = self.reward(observation)
@@ -311,6 +314,7 @@ class IntuneTuner:
             "replay": replay,
             "memory": self.memory.state_dict(),
             "scaling": self.scaling.state_dict(),
+            "worker_cpu": self.worker_cpu.state_dict(),
             "previous": previous,
             "last_good_throughput": self.last_good_throughput,
             "per_worker_capacity": dict(self.per_worker_capacity),
@@ -338,6 +342,9 @@ class IntuneTuner:
         self.memory.load_state_dict(state["memory"])
         self.scaling = ScalingEstimator()
         self.scaling.load_state_dict(state["scaling"])
+        self.worker_cpu = WorkerCpuMeter()
+        if "worker_cpu" in state:  # checkpoints from before waiting stages were measured
+            self.worker_cpu.load_state_dict(state["worker_cpu"])
         previous = state["previous"]
         if previous is None:
             self.previous = None

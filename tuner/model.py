@@ -2,6 +2,12 @@
 
 Pure functions of a scenario, a host state and an integer allocation (one entry per stage, in
 pipeline order). The twin adds measurement noise on top; the bench's optimum searches over this.
+
+A worker of stage ``i`` spends ``us_i`` of CPU time and ``wait_i`` of waiting (I/O) on each
+sample, so while busy it asks for ``demand_i = us_i / (us_i + wait_i)`` of a CPU. The operating
+system time-slices the CPUs left to the pipeline, ``C``, among the workers: each gets
+``share = min(1, C / sum(w_i * demand_i))`` of what it asks, and takes ``wait_i + us_i / share``
+per sample. A stage that only computes (``wait = 0``) thus has ``w ** s * share * 1e6 / us``.
 """
 
 from __future__ import annotations
@@ -10,22 +16,31 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tuner.scenario import HostState, Scenario
+from agents.budget import HostBudget, StageBudget, allocation_problems, worker_cpu
+from tuner.scenario import HostState, Scenario, StageSpec
 
 
-def cpu_share(host: HostState, allocation: Sequence[int]) -> float:
-    """Fraction of a CPU each worker gets: ``min(1, C / sum(w))`` (the OS time-slices)."""
-    total = float(sum(allocation))
-    return min(1.0, host.effective_cpus / total) if total > 0 else 1.0
+def worker_demand(stage: StageSpec) -> float:
+    """The CPUs one busy worker of ``stage`` asks for: its CPU time over its time per sample."""
+    return stage.us_per_sample / (stage.us_per_sample + stage.wait_us_per_sample)
+
+
+def cpu_share(scenario: Scenario, host: HostState, allocation: Sequence[int]) -> float:
+    """Fraction of what it asks each worker gets: ``min(1, C / sum(w * demand))``."""
+    demand = sum(w * worker_demand(s) for w, s in zip(allocation, scenario.stages, strict=False))
+    return min(1.0, host.effective_cpus / demand) if demand > 0 else 1.0
 
 
 def stage_rates(scenario: Scenario, host: HostState, allocation: Sequence[int]) -> np.ndarray:
-    """Samples/s each stage can produce: ``w ** scaling * share * 1e6 / us_per_sample``."""
-    share = cpu_share(host, allocation)
+    """Samples/s each stage can produce: ``w ** scaling * 1e6 / (wait + us / share)``."""
+    share = cpu_share(scenario, host, allocation)
     workers = np.asarray(allocation, dtype=float)
+    if share <= 0:
+        return np.zeros(len(workers))
     scaling = np.array([s.scaling for s in scenario.stages])
     us = np.array([s.us_per_sample for s in scenario.stages])
-    return workers**scaling * share * 1e6 / us
+    wait = np.array([s.wait_us_per_sample for s in scenario.stages])
+    return workers**scaling * 1e6 / (wait + us / share)
 
 
 def memory_mb(scenario: Scenario, allocation: Sequence[int]) -> float:
@@ -50,8 +65,17 @@ def throughput(scenario: Scenario, host: HostState, allocation: Sequence[int]) -
     return value
 
 
+def stage_budgets(scenario: Scenario) -> list[StageBudget]:
+    """Each stage as the budget (:mod:`agents.budget`) counts it once an agent measured it
+    running unhindered: CPU slots per worker from its demand, and its ``max_workers``."""
+    return [
+        StageBudget(s.name, max_workers=s.max_workers, worker_cpu=worker_cpu(worker_demand(s)))
+        for s in scenario.stages
+    ]
+
+
 def check_allocation(scenario: Scenario, host: HostState, allocation: Sequence[int]) -> str | None:
-    """Why an agent would refuse this allocation (bounds and worker budget), or ``None``.
+    """Why an agent would refuse this allocation (bounds and CPU slots), or ``None``.
 
     Memory is not checked here: an allocation over the memory limit is applied and runs out of
     memory, which is what the twin models.
@@ -60,17 +84,11 @@ def check_allocation(scenario: Scenario, host: HostState, allocation: Sequence[i
         return (
             f"allocation has {len(allocation)} stages but the pipeline has {len(scenario.stages)}"
         )
-    for workers, stage in zip(allocation, scenario.stages, strict=False):
-        if int(workers) != workers or workers < 1:
-            return f"stage '{stage.name}' asks for {workers} workers; counts are integers >= 1"
-        if stage.max_workers is not None and workers > stage.max_workers:
-            return (
-                f"stage '{stage.name}' asks for {workers} workers but its max_workers is "
-                f"{stage.max_workers}"
-            )
-    if sum(allocation) > host.worker_budget:
-        return (
-            f"the allocation asks for {sum(allocation)} workers but the host budget is "
-            f"{host.worker_budget}"
-        )
-    return None
+    workers = {
+        s.name: int(w) if int(w) == w else w
+        for s, w in zip(scenario.stages, allocation, strict=True)
+    }
+    problems = allocation_problems(
+        workers, stage_budgets(scenario), HostBudget(host.worker_budget, cpus=host.cpus)
+    )
+    return problems[0] if problems else None

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class StageObservation:
-    """One stage as measured: workers, output rate, busy fraction and output-queue fill."""
+    """One stage as measured: workers, output rate, busy fraction, output-queue fill and CPU."""
 
     name: str
     workers: int
@@ -20,17 +20,21 @@ class StageObservation:
     queue_fill: float  # 0..1, output queue depth / capacity
     max_workers: int | None = None
     memory_mb_per_worker: float | None = None  # measured RSS / workers when known
+    cpu_percent: float | None = None  # the stage's CPU use, all workers (100 = one CPU)
+    # CPU slots one worker takes as the control plane counts them (agents.budget); None: the
+    # tuner measures it from busy_fraction and cpu_percent itself.
+    worker_cpu: float | None = None
 
 
 @dataclass
 class HostObservation:
-    """The host as measured: CPUs, CPU use, memory limit and use, and the worker budget."""
+    """The host as measured: CPUs, CPU use, memory limit and use, and its CPU slots."""
 
     cpus: float
     cpu_percent: float  # 0..100 of all cpus
     memory_limit_mb: float
     memory_used_mb: float
-    worker_budget: int  # most workers all stages together may have
+    worker_budget: int  # CPU slots of all stages together (agents.budget)
 
 
 @dataclass

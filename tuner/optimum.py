@@ -1,20 +1,28 @@
 """The exact optimum of a scenario at a step, for the bench only (no tuner sees it).
 
-Why the search is exact: take any best allocation ``w*`` and let ``t*`` be its smallest value of
-``w_i ** s_i / us_i``. The smallest integer allocation ``need(t*)`` that gives every stage at least
-``t*`` is below ``w*`` stage by stage, so it uses no more workers (a CPU share at least as large),
-no more memory, and reaches at least ``t*``: it is at least as good. ``t*`` is one of the values
-``k ** s_i / us_i``, so trying ``need(t)`` for every such value finds the optimum.
+Why the search is exact: for a throughput ``t``, call ``need(t)`` the smallest allocation whose
+every stage reaches ``t``. It is found by iteration: start at a whole CPU per worker, give each
+stage the fewest workers that reach ``t`` at that CPU share, recompute the share those workers
+leave, and repeat. Workers only grow, and any allocation reaching ``t`` stays above every
+iterate (its share is no larger), so the fixed point is below it stage by stage: it takes no
+more CPU slots and no more memory. ``t`` is thus reachable within the budget exactly when
+``need(t)`` fits, which is monotone in ``t``; a bisection on ``t``, snapped at each step to the
+throughput ``need(t)`` really reaches, finds the best.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tuner.model import check_allocation, out_of_memory, throughput
-from tuner.scenario import HostState, Scenario
+from agents.budget import HostBudget, allocation_cpu_slots, most_workers
+from tuner.model import check_allocation, cpu_share, out_of_memory, stage_budgets, throughput
+from tuner.scenario import HostState, Scenario, StageSpec
+
+# Relative width at which the bisection stops; far below any noise the twin adds.
+_PRECISION = 1e-12
 
 
 @dataclass(frozen=True)
@@ -25,57 +33,106 @@ class Optimum:
     allocation: tuple[int, ...]
 
 
-def _upper(scenario: Scenario, host: HostState, index: int) -> int:
-    stage = scenario.stages[index]
-    room = host.worker_budget - (len(scenario.stages) - 1)
-    return room if stage.max_workers is None else min(room, stage.max_workers)
+def _uppers(scenario: Scenario, host: HostState) -> list[int]:
+    """Each stage's most workers with every other stage at one (bounds and CPU slots)."""
+    stages = stage_budgets(scenario)
+    budget = HostBudget(host.worker_budget)
+    return [most_workers(stage, stages, budget) for stage in stages]
 
 
-def _need(stage_scaling: float, us: float, level: float, upper: int) -> int | None:
-    """Fewest workers giving ``w ** s / us >= level``, or None above ``upper``."""
-    guess = max(1, int(math.ceil((level * us) ** (1.0 / stage_scaling) - 1e-9)))
-    while guess > 1 and (guess - 1) ** stage_scaling / us >= level * (1 - 1e-12):
+def _need(stage: StageSpec, level: float, share: float, upper: int) -> int | None:
+    """Fewest workers giving ``stage`` a rate of at least ``level`` at ``share``, or None above
+    ``upper``."""
+    per_sample = stage.wait_us_per_sample + stage.us_per_sample / share
+    target = level * per_sample / 1e6  # workers ** scaling must reach this
+
+    def enough(w: int) -> bool:
+        return w**stage.scaling >= target * (1 - 1e-12)
+
+    guess = max(1, math.ceil(target ** (1.0 / stage.scaling) - 1e-9))
+    if guess > upper and not enough(upper):
+        return None
+    guess = min(guess, upper)
+    while guess > 1 and enough(guess - 1):
         guess -= 1
-    while guess**stage_scaling / us < level * (1 - 1e-12):
+    while not enough(guess):
         guess += 1
     return guess if guess <= upper else None
 
 
+def _least(
+    scenario: Scenario,
+    host: HostState,
+    level: float,
+    uppers: list[int],
+    fits: Callable[[tuple[int, ...]], bool],
+) -> tuple[int, ...] | None:
+    """The smallest allocation whose every stage reaches ``level``, or None when it breaks a
+    bound or does not ``fit`` (CPU slots, memory): the iterates only grow, so none would."""
+    share = 1.0
+    allocation: tuple[int, ...] | None = None
+    while True:
+        needs = [_need(s, level, share, u) for s, u in zip(scenario.stages, uppers, strict=True)]
+        if any(n is None for n in needs):
+            return None
+        current = tuple(int(n) for n in needs if n is not None)
+        if not fits(current):
+            return None
+        if current == allocation:
+            return current
+        allocation = current
+        share = cpu_share(scenario, host, allocation)
+        if share <= 0:
+            return None
+
+
 def optimum(scenario: Scenario, host: HostState) -> Optimum:
-    """The best feasible integer allocation (caps, worker budget, memory) and its throughput."""
-    uppers = [_upper(scenario, host, i) for i in range(len(scenario.stages))]
-    levels = sorted(
-        {
-            k**stage.scaling / stage.us_per_sample
-            for stage, upper in zip(scenario.stages, uppers, strict=False)
-            for k in range(1, upper + 1)
-        }
+    """The best feasible integer allocation (caps, CPU slots, memory) and its throughput."""
+    n = len(scenario.stages)
+    ones = tuple(1 for _ in range(n))
+    best = Optimum(0.0, ones)
+    if check_allocation(scenario, host, ones) is not None or out_of_memory(scenario, host, ones):
+        return best
+    uppers = _uppers(scenario, host)
+    budgets = stage_budgets(scenario)
+    names = scenario.stage_names
+
+    def fits(allocation: tuple[int, ...]) -> bool:
+        slots = allocation_cpu_slots(dict(zip(names, allocation, strict=True)), budgets)
+        return slots <= host.worker_budget + 1e-9 and not out_of_memory(scenario, host, allocation)
+
+    low = throughput(scenario, host, ones)
+    if low <= 0:
+        return best
+    best = Optimum(low, ones)
+    high = min(
+        u**s.scaling * 1e6 / (s.wait_us_per_sample + s.us_per_sample)
+        for s, u in zip(scenario.stages, uppers, strict=True)
     )
-    best = Optimum(0.0, tuple(1 for _ in scenario.stages))
-    for level in levels:
-        allocation = []
-        for stage, upper in zip(scenario.stages, uppers, strict=False):
-            need = _need(stage.scaling, stage.us_per_sample, level, upper)
-            if need is None:
-                break
-            allocation.append(need)
-        else:
-            if sum(allocation) > host.worker_budget:
-                # Levels only grow from here, and so do the needs: nothing further fits.
-                break
-            if out_of_memory(scenario, host, allocation):
-                break
+    if scenario.consumer_samples_per_s is not None:
+        high = min(high, scenario.consumer_samples_per_s)
+    # Probe the top first: a consumer-bound scenario reaches it.
+    probe = high
+    while high > low * (1 + _PRECISION):
+        allocation = _least(scenario, host, probe, uppers, fits)
+        if allocation is not None:
             value = throughput(scenario, host, allocation)
-            if value > best.throughput * (1 + 1e-12):
-                best = Optimum(value, tuple(allocation))
-            continue
-        break
+            if value > best.throughput * (1 + 1e-12) or (
+                value >= best.throughput * (1 - 1e-12) and sum(allocation) < sum(best.allocation)
+            ):
+                best = Optimum(value, allocation)
+            low = max(low, value, probe)
+            if low >= high:
+                break
+        else:
+            high = probe
+        probe = math.sqrt(low * high)
     return best
 
 
 def brute_force_optimum(scenario: Scenario, host: HostState) -> Optimum:
     """The optimum by trying every allocation; for tests on small scenarios only."""
-    ranges = [range(1, _upper(scenario, host, i) + 1) for i in range(len(scenario.stages))]
+    ranges = [range(1, upper + 1) for upper in _uppers(scenario, host)]
     best = Optimum(0.0, tuple(1 for _ in scenario.stages))
     for allocation in itertools.product(*ranges):
         if check_allocation(scenario, host, allocation) is not None:

@@ -1,17 +1,20 @@
 """Scenario files, version 1: the description of a pipeline twin (a host, its stages, events).
 
 The format is a contract other tools read; see ``docs/benchmarks.md`` and issue 4. Unknown keys
-are ignored on load so that newer writers stay readable; ``host.worker_budget`` is an optional
-extension (default ``cpus + number of stages``, as in the agent protocol).
+are ignored on load so that newer writers stay readable. Optional extensions:
+``host.worker_budget``, the host's CPU slots (default :func:`agents.budget.cpu_slots`, as the
+agent's), and a stage's ``wait_us_per_sample``, the time a worker waits per sample without using
+a CPU (default 0: the stage computes).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agents.budget import cpu_slots
 
 FORMAT_VERSION = 1
 
@@ -22,13 +25,19 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One stage of a twin pipeline: its cost per sample and how it scales."""
+    """One stage of a twin pipeline: its cost per sample and how it scales.
+
+    ``us_per_sample`` is the CPU time one sample costs a worker; ``wait_us_per_sample`` the time
+    the worker then waits without using a CPU (a GET from an object store). A stage whose wait
+    dwarfs its CPU time is latency-bound: it grows by adding workers, at little CPU each.
+    """
 
     name: str
     us_per_sample: float
     max_workers: int | None = None
     scaling: float = 1.0
     memory_mb_per_worker: float = 0.0
+    wait_us_per_sample: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,7 @@ class HostState:
     cpus: float
     background_cpus: float
     memory_gb: float
-    worker_budget: int
+    worker_budget: int  # CPU slots (agents.budget)
 
     @property
     def effective_cpus(self) -> float:
@@ -90,7 +99,7 @@ class Scenario:
             background = event.background_cpus if event.background_cpus is not None else background
             memory_gb = event.memory_gb if event.memory_gb is not None else memory_gb
         if budget is None:
-            budget = int(math.floor(cpus)) + len(self.stages)
+            budget = cpu_slots(cpus, len(self.stages))
         return HostState(cpus, background, memory_gb, max(budget, len(self.stages)))
 
     def event_steps(self) -> list[int]:
@@ -109,6 +118,13 @@ def _number(raw: dict, key: str, where: str, *, default: Any = ..., positive: bo
     if positive and value <= 0:
         raise ScenarioError(f"{where}: '{key}' must be above 0, got {value}")
     return value
+
+
+def _wait(stage: dict, where: str) -> float:
+    wait = float(_number(stage, "wait_us_per_sample", where, default=0.0, positive=False))
+    if wait < 0:
+        raise ScenarioError(f"{where}: 'wait_us_per_sample' must be 0 or more, got {wait}")
+    return wait
 
 
 def scenario_from_dict(raw: dict) -> Scenario:
@@ -140,6 +156,7 @@ def scenario_from_dict(raw: dict) -> Scenario:
                 memory_mb_per_worker=float(
                     _number(stage, "memory_mb_per_worker", stage_where, default=0.0, positive=False)
                 ),
+                wait_us_per_sample=_wait(stage, stage_where),
             )
         )
     names = [stage.name for stage in stages]
@@ -197,19 +214,23 @@ def scenario_to_dict(scenario: Scenario) -> dict:
         "name": scenario.name,
         "host": host,
         "consumer_samples_per_s": scenario.consumer_samples_per_s,
-        "stages": [
-            {
-                "name": s.name,
-                "us_per_sample": s.us_per_sample,
-                "max_workers": s.max_workers,
-                "scaling": s.scaling,
-                "memory_mb_per_worker": s.memory_mb_per_worker,
-            }
-            for s in scenario.stages
-        ],
+        "stages": [_stage_to_dict(s) for s in scenario.stages],
         "noise": scenario.noise,
         "events": events,
     }
+
+
+def _stage_to_dict(stage: StageSpec) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": stage.name,
+        "us_per_sample": stage.us_per_sample,
+        "max_workers": stage.max_workers,
+        "scaling": stage.scaling,
+        "memory_mb_per_worker": stage.memory_mb_per_worker,
+    }
+    if stage.wait_us_per_sample:  # written only when set, so compute-only files stay as they were
+        entry["wait_us_per_sample"] = stage.wait_us_per_sample
+    return entry
 
 
 def load_suite(path: str | Path) -> list[Scenario]:

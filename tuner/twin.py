@@ -1,9 +1,9 @@
 """A pipeline twin: runs a scenario step by step and measures it the way an agent would.
 
 Each :meth:`PipelineTwin.step` applies the allocation a tuner chose (or refuses it, as an agent
-would, when it breaks a stage cap or the worker budget), runs the model of ``tuner.model`` for that
-step, and returns a noisy :class:`~tuner.observation.Observation` plus the noise-free truth that
-only the bench may look at.
+would, when it breaks a stage's bound or the host's CPU slots, :mod:`agents.budget`), runs the
+model of ``tuner.model`` for that step, and returns a noisy
+:class:`~tuner.observation.Observation` plus the noise-free truth that only the bench may look at.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.model import check_allocation, memory_mb, out_of_memory, stage_rates, throughput
+from tuner.model import (
+    check_allocation,
+    cpu_share,
+    memory_mb,
+    out_of_memory,
+    stage_rates,
+    throughput,
+)
 from tuner.observation import HostObservation, Observation, StageObservation
 from tuner.scenario import Scenario
 
@@ -46,6 +53,9 @@ class PipelineTwin:
     ) -> None:
         self.scenario = scenario
         self.rng = np.random.default_rng(seed)
+        # CPU counters get their own noise stream, so the other measurements stay as they were
+        # before the twin measured CPU per stage.
+        self.cpu_rng = np.random.default_rng([seed, 1])
         self.step_index = 0
         start = initial_allocation or [1] * len(scenario.stages)
         self.in_force: tuple[int, ...] = tuple(int(w) for w in start)
@@ -84,19 +94,26 @@ class PipelineTwin:
         observation = self._measure(candidate, host, oom=oom)
         return StepResult(observation, true_throughput, oom, excused, refused, self.in_force)
 
-    def _noisy(self, value: float) -> float:
+    def _noisy(self, value: float, rng: np.random.Generator | None = None) -> float:
         if self.scenario.noise <= 0:
             return value
-        return value * (1.0 + self.rng.normal(0.0, self.scenario.noise))
+        return value * (1.0 + (rng or self.rng).normal(0.0, self.scenario.noise))
 
     def _measure(self, allocation: tuple[int, ...], host, oom: bool) -> Observation:
         scenario = self.scenario
         rates = stage_rates(scenario, host, allocation)
         true_throughput = 0.0 if oom else throughput(scenario, host, allocation)
         consumer = scenario.consumer_samples_per_s
+        share = cpu_share(scenario, host, allocation)
         stages = []
+        pipeline_cores = 0.0
         for index, (stage, workers) in enumerate(zip(scenario.stages, allocation, strict=False)):
             busy = 0.0 if oom else min(1.0, true_throughput / rates[index])
+            # A busy worker runs us / share of the wait + us / share it takes per sample, at
+            # ``share`` of a CPU: what the agent's CPU counters see.
+            us, wait = stage.us_per_sample, stage.wait_us_per_sample
+            cores = workers * busy * share * us / (share * wait + us) if share > 0 else 0.0
+            pipeline_cores += cores
             upstream = float(rates[: index + 1].min())
             downstream_rates = list(rates[index + 1 :]) + ([consumer] if consumer else [])
             downstream = min(downstream_rates) if downstream_rates else math.inf
@@ -119,14 +136,13 @@ class PipelineTwin:
                     memory_mb_per_worker=max(0.0, self._noisy(memory_per_worker))
                     if memory_per_worker > 0
                     else 0.0,
+                    cpu_percent=max(0.0, self._noisy(100.0 * cores, self.cpu_rng)),
                 )
             )
-        share = min(1.0, host.effective_cpus / sum(allocation))
-        pipeline_cores = sum(
-            workers * share * (0.0 if oom else min(1.0, true_throughput / rate))
-            for workers, rate in zip(allocation, rates, strict=False)
-        )
         cpu_percent = 100.0 * min(1.0, (pipeline_cores + host.background_cpus) / host.cpus)
+        if share < 1.0 and not oom:
+            # The model's workers ask for more CPU than there is: the CPUs are saturated.
+            cpu_percent = 100.0
         idle = 1.0 if consumer is None else max(0.0, 1.0 - true_throughput / consumer)
         return Observation(
             stages=stages,

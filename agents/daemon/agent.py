@@ -24,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agents.budget import WorkerCpuMeter, cpu_slots, default_memory_budget_mb
 from agents.client import ControlPlaneClient, ControlPlaneError
 from agents.daemon.buffer import SampleBuffer
 from agents.daemon.checks import StageLimits, check_allocation
 from agents.daemon.sample import stage_fields, trainer_fields
-from agents.host import HostSampler, default_worker_budget
+from agents.host import HostSampler
 from agents.protocol import MAX_SAMPLES_PER_BATCH
 
 log = logging.getLogger("agents.daemon")
@@ -71,7 +72,9 @@ class AgentConfig:
     buffer_samples: int = 3600
     """Most samples held while the control plane is away (one hour at 1 Hz); then oldest go."""
     worker_budget: int | None = None
-    """Most workers all stages together; ``None``: the host's CPUs plus one per stage."""
+    """CPU slots of all stages together (:mod:`agents.budget`: a worker that computes takes
+    one, a worker that waits the CPU it was measured to use); ``None``: the host's whole CPUs
+    plus one per stage."""
     memory_budget_mb: float | None = None
     """Most estimated stage memory; ``None``: 80% of the host's (cgroup) memory limit."""
     poll_wait_s: float = 30.0
@@ -131,10 +134,12 @@ class Agent:
             stop_event=self._stop,
         )
         self.stage_names = list(pipeline.stage_names)
-        self.worker_budget = config.worker_budget or default_worker_budget(
+        self.worker_budget = config.worker_budget or cpu_slots(
             self.host.limits.cpus, len(self.stage_names)
         )
-        self.memory_budget_mb = config.memory_budget_mb or 0.8 * self.host.limits.memory_limit_mb
+        self.memory_budget_mb = config.memory_budget_mb or default_memory_budget_mb(
+            self.host.limits.memory_limit_mb
+        )
         # Milliseconds since the epoch outgrow any sequence an earlier run reached at 1 Hz.
         first = config.first_seq
         self._next_seq = first if first is not None else time.time_ns() // 10**6
@@ -146,6 +151,7 @@ class Agent:
         self._decisions = 0  # allocations applied or refused so far
         self._decisions_reported = 0  # of those, how many a stored batch has reported
         self._rss_per_worker: dict[str, float] = {}
+        self._worker_cpu = WorkerCpuMeter()
         self.refused_total = 0
         self.shipped_total = 0
         self.duplicates_acknowledged = 0  # resent samples the control plane already had
@@ -176,7 +182,7 @@ class Agent:
             t.start()
             self._threads.append(t)
         log.info(
-            "agent started for host %s at %s: stages %s, worker budget %d, memory budget %.0f MB",
+            "agent started for host %s at %s: stages %s, budget %d CPU slots and %.0f MB",
             self.config.host_id,
             self.config.url,
             ",".join(self.stage_names),
@@ -241,14 +247,16 @@ class Agent:
         per_worker = {
             s["name"]: s["rss_mb"] / s["workers"] for s in stages if s["workers"] and s["rss_mb"]
         }
+        host = self.host.sample(self.worker_budget)
         with self._lock:
             self._rss_per_worker.update(per_worker)
+            self._worker_cpu.update(stages, host["cpu_percent"])
             version = self._applied_version
         sample: dict[str, Any] = {
             "seq": self._next_seq,
             "ts": round(time.time(), 3),
             "allocation_version": version,
-            "host": self.host.sample(self.worker_budget),
+            "host": host,
             "stages": stages,
         }
         self._next_seq += 1
@@ -423,10 +431,12 @@ class Agent:
     # -- allocations ------------------------------------------------------------------------
 
     def stage_limits(self) -> list[StageLimits]:
-        """Each stage's ``max_workers`` and measured memory per worker, for the checks."""
+        """Each stage's ``max_workers``, measured CPU slots and memory per worker, for the
+        checks."""
         stages = {getattr(s, "name", None): s for s in getattr(self.pipeline, "stages", [])}
         with self._lock:
             rss = dict(self._rss_per_worker)
+            worker_cpu = self._worker_cpu.worker_cpu()
         limits = []
         for name in self.stage_names:
             stage = stages.get(name)
@@ -436,8 +446,10 @@ class Agent:
                 StageLimits(
                     name,
                     # agents.pipeline.Stage says "ceiling" for max_workers with its default.
-                    getattr(stage, "ceiling", None) or getattr(stage, "max_workers", None),
-                    None if is_thread else rss.get(name),
+                    max_workers=getattr(stage, "ceiling", None)
+                    or getattr(stage, "max_workers", None),
+                    worker_cpu=worker_cpu.get(name, 1.0),
+                    memory_mb_per_worker=None if is_thread else rss.get(name),
                 )
             )
         return limits
@@ -459,7 +471,11 @@ class Agent:
                 return None
             self._seen_version = version
         reason = check_allocation(
-            workers, self.stage_limits(), self.worker_budget, self.memory_budget_mb
+            workers,
+            self.stage_limits(),
+            self.worker_budget,
+            self.memory_budget_mb,
+            self.host.limits.cpus,
         )
         if reason is None:
             before = dict(self.pipeline.allocation)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from agents.budget import cpu_slots
 from agents.dlrm import build_pipeline
 from agents.dlrm.generate import load_index
 from agents.dlrm.stages import Transform, chunk_tasks, collate, parse, read
@@ -148,7 +149,7 @@ def best_allocation(
     allocation = {name: 1 for name in stages}
     tried = []
     best: dict[str, Any] | None = None
-    budget = cores + len(stages)  # the agent's default worker budget, less prefetch
+    budget = cpu_slots(cores, len(stages))  # the agent's default budget, less prefetch
     jumped = False
     while True:
         rate, metrics = pipeline_rate(data_dir, batch_size, allocation, seconds, warmup, fuse)

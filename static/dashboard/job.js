@@ -142,7 +142,7 @@
       });
     }
     const budget = overview ? overview.worker_budget : hostById(state.hostId).workerBudget;
-    traces.push({ x: [new Date(start * 1000), new Date(now * 1000)], y: [budget, budget], name: `worker budget (${budget})`,
+    traces.push({ x: [new Date(start * 1000), new Date(now * 1000)], y: [budget, budget], name: `CPU slots (${budget})`,
       mode: "lines", line: { color: "#1f2933", dash: "dot", width: 1.5 }, hoverinfo: "skip" });
     draw("chart-allocation", traces, layout("Workers per stage, and who changed them", {
       y: "workers (CPU slots)", uirevision: revision(), extra: { hovermode: "closest" },
@@ -361,7 +361,8 @@
     const form = $("override-form");
     if (!form) return;
     $("override-release").disabled = !o.override;
-    $("override-limits").textContent = `Limits: ${o.worker_budget} worker slots on ${o.cpus} CPUs in all, ${Math.round(o.memory_mb)} MB of memory; every stage needs at least 1 worker.`;
+    const slots = o.budget ? o.budget.cpu_slots : o.worker_budget;
+    $("override-limits").textContent = `Limits: ${slots} CPU slots on ${o.cpus} CPUs in all (a worker that computes takes one slot, a worker that waits the CPU it was measured to use), ${Math.round(o.memory_mb)} MB of memory; every stage needs at least 1 worker.${o.budget ? ` Now: ${o.budget.summary}.` : ""}`;
     for (const limit of o.limits) {
       const input = form.querySelector(`input[data-stage="${CSS.escape(limit.name)}"]`);
       if (!input) continue;
@@ -382,11 +383,17 @@
   }
 
   function updateTotal() {
-    const total = Object.values(formWorkers()).reduce((a, b) => a + (Number(b) || 0), 0);
-    const budget = state.overview ? state.overview.worker_budget : hostById(state.hostId).workerBudget;
+    // CPU slots as agents/budget.py counts them: workers x the slots one worker takes.
+    const perWorker = {};
+    for (const limit of (state.overview && state.overview.limits) || []) perWorker[limit.name] = limit.worker_cpu ?? 1;
+    const workers = formWorkers();
+    const total = Math.round(Object.entries(workers).reduce((a, [name, n]) => a + (Number(n) || 0) * (perWorker[name] ?? 1), 0) * 100) / 100;
+    const overview = state.overview;
+    const budget = overview ? (overview.budget ? overview.budget.cpu_slots : overview.worker_budget) : hostById(state.hostId).workerBudget;
+    const over = Math.round((total - budget) * 100) / 100;
     const node = $("override-total");
-    node.textContent = `Total ${total} of ${budget} worker slots${total > budget ? ` — ${total - budget} over the budget: the control plane will refuse this` : ""}.`;
-    node.className = `total ${total > budget ? "warn-text" : ""}`;
+    node.textContent = `Total ${total} of ${budget} CPU slots${over > 0 ? ` — ${over} over the budget: the control plane will refuse this` : ""}.`;
+    node.className = `total ${over > 0 ? "warn-text" : ""}`;
   }
 
   function setMessage(id, text, kind) {

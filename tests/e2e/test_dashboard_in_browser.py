@@ -327,7 +327,7 @@ def test_an_invalid_override_is_refused_with_the_reason_on_the_page(browser, pla
         "document.getElementById('override-message').classList.contains('error')"
     )
     message = page.inner_text("#override-message")
-    assert "Refused" in message and "the host budget is 9 worker slots (4 CPUs)" in message
+    assert "Refused" in message and "the host budget is 9 CPU slots (4 CPUs)" in message
     shoot(page, "override-refused")
     page.context.close()
 

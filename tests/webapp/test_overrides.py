@@ -33,20 +33,20 @@ def test_an_operator_override_publishes_an_allocation_and_is_audited(api, operat
     [
         (
             {"read": 20, "parse": 1, "transform": 1, "collate": 1, "prefetch": 1},
-            "the host budget is 13 worker slots",
+            "the host budget is 13 CPU slots",
         ),
         (
             {"read": 0, "parse": 1, "transform": 1, "collate": 1, "prefetch": 1},
             "stage 'read' asks for 0 workers",
         ),
-        ({"read": 1, "parse": 1}, "missing stage(s)"),
+        ({"read": 1, "parse": 1}, "leaves out stage 'transform'"),
         (
             {"read": 1, "parse": 1, "transform": 1, "collate": 1, "prefetch": 1, "bogus": 1},
-            "unknown stage(s) ['bogus']",
+            "unknown stage 'bogus'",
         ),
         (
             {"read": 1.5, "parse": 1, "transform": 1, "collate": 1, "prefetch": 1},
-            "must be an integer",
+            "whole numbers",
         ),
     ],
 )

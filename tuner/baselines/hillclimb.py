@@ -12,7 +12,8 @@ infinitely fast) consumer: each node's output time is its input's output time pl
 per-element processing time divided by its parallelism, so the pipeline's output time is
 ``sum_i t_i / p_i``; ``processing_time`` is ``sum_i t_i``. ``t_i`` is measured each step (worker
 time per element); the CPU budget is the host's CPU count. One adaptation: a parameter is not
-raised past the host's worker budget, since an agent refuses such an allocation.
+raised past the host's CPU slots, one a worker (tf.data knows no worker that waits), since an
+agent refuses an allocation over them.
 """
 
 from __future__ import annotations

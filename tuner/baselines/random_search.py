@@ -1,6 +1,7 @@
 """Random search: each decision draws a fresh allocation uniformly over how many workers to use
-(between one per stage and the worker budget) and how to split them (a flat Dirichlet), within
-each stage's cap. It knows nothing about memory, which is the point of a random baseline."""
+(between one per stage and the host's CPU slots, one slot a worker: within the budget whatever the
+stages were measured to use) and how to split them (a flat Dirichlet), within each stage's cap.
+It knows nothing about memory, which is the point of a random baseline."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class RandomTuner:
         self.rng = np.random.default_rng(seed)
 
     def decide(self, observation: Observation) -> Decision:
-        """A random allocation within the caps and the worker budget."""
+        """A random allocation within the caps and the host's CPU slots."""
         stages = observation.stages
         n = len(stages)
         total = int(self.rng.integers(n, observation.host.worker_budget + 1))

@@ -13,6 +13,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from webapp.ingestion.services import budget_summary
 from webapp.jobs.models import Host, Job
 from webapp.tuning.services import active_override
 
@@ -152,6 +153,7 @@ class HostOverviewView(APIView):
                     "expires_at": override.expires_at.timestamp() if override.expires_at else None,
                 },
                 "limits": queries.stage_limits(host),
+                "budget": budget_summary(host),
                 "throughput": figures["throughput"] if figures else None,
                 "idle_fraction": figures["idle_fraction"] if figures else None,
                 "twin": queries.twin_estimate(host),

@@ -8,7 +8,9 @@ from collections import defaultdict
 from django.db.models import Avg, F
 from django.db.models.functions import Floor
 
+from agents.budget import most_workers
 from webapp.ingestion.models import HostSample
+from webapp.ingestion.services import host_budget
 from webapp.jobs.models import Allocation, Host, Job
 from webapp.tuning.models import Override, TuningSession
 
@@ -175,19 +177,20 @@ def twin_estimate(host: Host) -> dict:
 
 
 def stage_limits(host: Host) -> list[dict]:
-    """Each stage's bounds for the override form: at least 1 worker, at most the stage's cap
-    and never more than the budget leaves once every other stage has its one worker."""
-    stages = list(host.job.stages.all())
-    room = host.worker_budget - (len(stages) - 1)
+    """Each stage's bounds for the override form: at least 1 worker, at most what the host's
+    budget (agents.budget) leaves once every other stage has its one worker."""
+    budget = host_budget(host)
+    declared = {stage.name: stage.memory_mb_per_worker for stage in host.job.stages.all()}
     return [
         {
             "name": stage.name,
             "min": 1,
-            "max": min(room, stage.max_workers) if stage.max_workers else room,
+            "max": most_workers(stage, budget.stages, budget.host),
             "max_workers": stage.max_workers,
-            "memory_mb_per_worker": stage.memory_mb_per_worker,
+            "memory_mb_per_worker": declared.get(stage.name),
+            "worker_cpu": round(stage.worker_cpu, 4),
         }
-        for stage in stages
+        for stage in budget.stages
     ]
 
 

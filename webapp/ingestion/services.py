@@ -2,14 +2,24 @@
 
 import functools
 import logging
+from collections import defaultdict
+from statistics import fmean
 
 from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from agents.budget import (
+    HostBudget,
+    StageBudget,
+    WorkerCpuMeter,
+    allocation_cpu_slots,
+    allocation_memory_mb,
+    most_workers,
+)
 from webapp.jobs.models import Host
-from webapp.jobs.services import record_allocation_status
+from webapp.jobs.services import Budget, latest_allocation, record_allocation_status
 
 from .inserts import MultiRowInsert
 from .models import HostSample, StageSample
@@ -220,4 +230,102 @@ def series(host: Host, since: float, until: float, step: float) -> dict:
         "step": step,
         "series": host_series,
         "stages": stages,
+    }
+
+
+# Samples read back to measure what a worker costs: a minute at the agent's 1 Hz, of which the
+# meter keeps each stage's last few that say something (agents.budget.WorkerCpuMeter).
+BUDGET_SAMPLES = 60
+
+
+def _recent_measurements(host: Host) -> list[tuple[float, list[dict]]]:
+    """The host's last raw samples, oldest first: (host CPU percent, the stages' fields)."""
+    samples = list(
+        HostSample.objects.filter(host=host, resolution_s=1)
+        .order_by("-ts")
+        .values("id", "cpu_percent")[:BUDGET_SAMPLES]
+    )
+    stages = defaultdict(list)
+    rows = StageSample.objects.filter(sample_id__in=[s["id"] for s in samples]).values(
+        "sample_id", "stage", "workers", "busy_fraction", "cpu_percent"
+    )
+    for row in rows:
+        stages[row["sample_id"]].append({**row, "name": row["stage"]})
+    return [(s["cpu_percent"], stages[s["id"]]) for s in reversed(samples)]
+
+
+def host_budget(host: Host, measurements: list | None = None) -> Budget:
+    """The host's budget: its CPU slots (effective_worker_budget), its registered memory, and
+    each stage's bound, CPU slots per worker (measured from the agent's samples, one until
+    measured) and memory per worker."""
+    if measurements is None:
+        measurements = _recent_measurements(host)
+    meter = WorkerCpuMeter()
+    for host_cpu_percent, stages in measurements:
+        meter.update(stages, host_cpu_percent)
+    worker_cpu = meter.worker_cpu()
+    memory = memory_mb_per_worker(host)
+    stages = [
+        StageBudget(
+            stage.name,
+            max_workers=stage.max_workers,
+            worker_cpu=worker_cpu.get(stage.name, 1.0),
+            memory_mb_per_worker=memory.get(stage.name),
+        )
+        for stage in host.job.stages.all()
+    ]
+    return Budget(HostBudget(effective_worker_budget(host), host.memory_mb, host.cpus), stages)
+
+
+def budget_summary(host: Host) -> dict:
+    """The host's budget in its own terms, for the API and the dashboard: CPU slots and what the
+    newest allocation takes of them, the CPU the pipeline was measured to use, memory, and each
+    stage's CPU slots per worker and most workers."""
+    measurements = _recent_measurements(host)
+    budget = host_budget(host, measurements)
+    newest = latest_allocation(host)
+    workers = newest.workers if newest is not None else {}
+    taken = allocation_cpu_slots(workers, budget.stages) if newest else None
+    memory = allocation_memory_mb(workers, budget.stages) if newest else None
+    recent = measurements[-10:]
+    cpu_used = (
+        fmean(sum(s["cpu_percent"] for s in stages) / 100 for _, stages in recent)
+        if recent
+        else None
+    )
+    slots = budget.host.cpu_slots
+    parts = []
+    if cpu_used is not None:
+        parts.append(f"CPU {cpu_used:.1f} of {host.cpus:g} used by the pipeline")
+    if taken is not None:
+        waiting = ", ".join(
+            f"{s.name} waits: {s.worker_cpu:.2f} of a slot per worker"
+            for s in budget.stages
+            if s.waits
+        )
+        parts.append(
+            f"the allocation takes {taken:.1f} of {slots:g} CPU slots"
+            + (f" ({waiting})" if waiting else "")
+        )
+    if memory:
+        parts.append(f"memory about {memory:.0f} of {host.memory_mb:.0f} MB")
+    else:
+        parts.append(f"memory budget {host.memory_mb:.0f} MB")
+    return {
+        "cpus": host.cpus,
+        "cpu_slots": slots,
+        "cpu_slots_taken": None if taken is None else round(taken, 3),
+        "cpu_used": None if cpu_used is None else round(cpu_used, 3),
+        "memory_mb": host.memory_mb,
+        "memory_estimated_mb": None if memory is None else round(memory, 1),
+        "stages": [
+            {
+                "name": s.name,
+                "worker_cpu": round(s.worker_cpu, 4),
+                "waits": s.waits,
+                "most_workers": most_workers(s, budget.stages, budget.host),
+            }
+            for s in budget.stages
+        ],
+        "summary": "; ".join(parts),
     }

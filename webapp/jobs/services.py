@@ -1,12 +1,13 @@
 """Logic on jobs, hosts and allocations that is neither a view nor a model."""
 
-import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from django.db import transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
+from agents.budget import HostBudget, StageBudget, allocation_problems, cpu_slots
 from webapp import pubsub
 
 from .models import Allocation, AuditEntry, Host, Job, Stage
@@ -24,12 +25,6 @@ def audit(
         host=host,
         details=details,
     )
-
-
-def default_worker_budget(cpus: float, stage_count: int) -> int:
-    """CPUs plus one slot per stage: the OS time-slices the CPUs among the workers, as it does
-    for tf.data's parallelism, so even a small host has a choice to make."""
-    return max(stage_count, math.floor(cpus) + stage_count)
 
 
 @transaction.atomic
@@ -55,7 +50,7 @@ def register_host(
         name=name,
         cpus=cpus,
         memory_mb=memory_mb,
-        worker_budget=worker_budget or default_worker_budget(cpus, len(stage_names)),
+        worker_budget=worker_budget or cpu_slots(cpus, len(stage_names)),
     )
     host.set_token(token)
     host.save()
@@ -64,62 +59,43 @@ def register_host(
     return host, token
 
 
-def validate_allocation(
-    host: Host,
-    workers: object,
-    *,
-    worker_budget: int,
-    memory_mb_per_worker: Mapping[str, float],
-) -> dict[str, int]:
-    """Check an allocation against the job's stages and the host's budgets: ``worker_budget``
-    workers in all, and each stage's ``memory_mb_per_worker`` within the host's memory (what
-    the host's agent reported: ``webapp.ingestion.services.effective_worker_budget`` and
-    ``memory_mb_per_worker``).
+class Budget(NamedTuple):
+    """A host's budget as agents.budget checks it: the host's and each stage's."""
 
-    Raises ValidationError with every problem found, each saying what is wrong and the limit.
+    host: HostBudget
+    stages: list[StageBudget]
+
+
+def validate_allocation(host: Host, workers: object, budget: Budget) -> dict[str, int]:
+    """Check an allocation against the job's stages and the host's budget (agents.budget).
+
+    ``budget`` is the host's, as measured (``webapp.ingestion.services.host_budget``); a
+    caller that showed a tuner the budget passes the same one, so that what the tuner allowed
+    is what is checked. Raises ValidationError with
+    every problem found, each saying what is wrong and the limit.
     """
-    if not isinstance(workers, Mapping):
-        raise ValidationError({"workers": "must be an object of stage name -> worker count"})
-    stages = {stage.name: stage for stage in host.job.stages.all()}
-    errors = []
-    unknown = sorted(set(workers) - set(stages))
-    if unknown:
-        errors.append(f"unknown stage(s) {unknown}; this job's stages are {list(stages)}")
-    missing = [name for name in stages if name not in workers]
-    if missing:
-        errors.append(f"missing stage(s) {missing}: give every stage a worker count")
-    clean: dict[str, int] = {}
-    for name, count in workers.items():
-        if name not in stages:
-            continue
-        if isinstance(count, bool) or not isinstance(count, int):
-            errors.append(f"stage '{name}': worker count must be an integer, got {count!r}")
-            continue
-        if count < 1:
-            errors.append(f"stage '{name}' asks for {count} workers; every stage needs at least 1")
-            continue
-        limit = stages[name].max_workers
-        if limit is not None and count > limit:
-            errors.append(f"stage '{name}' asks for {count} workers but allows at most {limit}")
-            continue
-        clean[name] = count
-    if not errors:
-        total = sum(clean.values())
-        budget = worker_budget
-        if total > budget:
-            errors.append(
-                f"the allocation asks for {total} workers but the host budget is "
-                f"{budget} worker slots ({host.cpus:g} CPUs)"
-            )
-        needed = sum(clean[name] * memory_mb_per_worker.get(name, 0.0) for name in clean)
-        if needed > host.memory_mb:
-            errors.append(
-                f"the allocation needs about {needed:.0f} MB of memory but the host's budget is "
-                f"{host.memory_mb:.0f} MB"
-            )
-    if errors:
-        raise ValidationError({"workers": errors})
-    return {name: clean[name] for name in stages}
+    problems = allocation_problems(workers, budget.stages, budget.host)
+    if problems:
+        raise ValidationError({"workers": problems})
+    assert isinstance(workers, Mapping)
+    return {stage.name: workers[stage.name] for stage in budget.stages}
+
+
+# A host's budget is measured from its stored samples, which the ingestion app owns (and which
+# imports this one): it plugs its summary in here when Django starts (IngestionConfig.ready),
+# so that imports keep going one way while the hosts API can show the budget.
+_budget_summary = None
+
+
+def provide_budget_summary(summary) -> None:
+    """Set the function that summarises a host's budget (the ingestion app's)."""
+    global _budget_summary
+    _budget_summary = summary
+
+
+def budget_summary(host: Host) -> dict | None:
+    """The host's budget in its own terms (``webapp.ingestion.services.budget_summary``)."""
+    return _budget_summary(host) if _budget_summary is not None else None
 
 
 def create_allocation(host: Host, workers: dict[str, int], source: str, user=None) -> Allocation:

@@ -4,8 +4,9 @@ from statistics import fmean
 
 from tuner import HostObservation, Observation, StageObservation
 from webapp.ingestion.models import HostSample, StageSample
-from webapp.ingestion.services import effective_worker_budget
+from webapp.ingestion.services import host_budget
 from webapp.jobs.models import Host
+from webapp.jobs.services import Budget
 
 
 def fresh_window(host: Host, after_ts: float):
@@ -16,9 +17,14 @@ def fresh_window(host: Host, after_ts: float):
     ).order_by("ts")
 
 
-def build_observation(host: Host, samples: list[HostSample]) -> Observation:
-    """Average the window into one Observation."""
+def build_observation(
+    host: Host, samples: list[HostSample], budget: Budget | None = None
+) -> Observation:
+    """Average the window into one Observation, with the host's budget (``host_budget``): the
+    tuner is shown the CPU slots each worker takes that the control plane checks against."""
     stage_specs = {stage.name: stage for stage in host.job.stages.all()}
+    budget = budget or host_budget(host)
+    worker_cpu = {stage.name: stage.worker_cpu for stage in budget.stages}
     rows = StageSample.objects.filter(sample__in=samples).values()
     by_stage: dict[str, list[dict]] = {name: [] for name in stage_specs}
     for row in rows:
@@ -36,6 +42,8 @@ def build_observation(host: Host, samples: list[HostSample]) -> Observation:
                 workers=workers,
                 items_per_s=fmean(r["items_per_s"] for r in measured) if measured else 0.0,
                 busy_fraction=fmean(r["busy_fraction"] for r in measured) if measured else 0.0,
+                cpu_percent=fmean(r["cpu_percent"] for r in measured) if measured else None,
+                worker_cpu=worker_cpu.get(name, 1.0),
                 queue_fill=min(1.0, out_queue / capacity) if capacity else 0.0,
                 max_workers=spec.max_workers,
                 memory_mb_per_worker=spec.memory_mb_per_worker
@@ -49,7 +57,7 @@ def build_observation(host: Host, samples: list[HostSample]) -> Observation:
             cpu_percent=fmean(s.cpu_percent for s in samples),
             memory_limit_mb=min(host.memory_mb, fmean(s.memory_limit_mb for s in samples)),
             memory_used_mb=fmean(s.memory_used_mb for s in samples),
-            worker_budget=effective_worker_budget(host),
+            worker_budget=budget.host.cpu_slots,
         ),
         throughput=fmean(s.throughput for s in samples),
         trainer_idle_fraction=fmean(s.idle_fraction for s in samples),

@@ -8,9 +8,15 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 import tuner as tuner_lib
-from webapp.ingestion.services import effective_worker_budget, memory_mb_per_worker
+from webapp.ingestion.services import host_budget
 from webapp.jobs.models import CONTROL_PLANE_OPTIONS, Allocation, Host, Job
-from webapp.jobs.services import audit, create_allocation, latest_allocation, validate_allocation
+from webapp.jobs.services import (
+    Budget,
+    audit,
+    create_allocation,
+    latest_allocation,
+    validate_allocation,
+)
 
 from .models import Decision, Override, TuningSession
 from .observations import build_observation, fresh_window, summarise
@@ -29,15 +35,10 @@ def active_override(host: Host) -> Override | None:
     return host.overrides.in_force()
 
 
-def check_allocation(host: Host, workers: object) -> dict[str, int]:
-    """``validate_allocation`` against the budgets the host's agent reported (ValidationError
-    with every problem)."""
-    return validate_allocation(
-        host,
-        workers,
-        worker_budget=effective_worker_budget(host),
-        memory_mb_per_worker=memory_mb_per_worker(host),
-    )
+def check_allocation(host: Host, workers: object, budget: Budget | None = None) -> dict[str, int]:
+    """``validate_allocation`` against the host's budget as measured (``host_budget``), or
+    the one given (ValidationError with every problem)."""
+    return validate_allocation(host, workers, budget or host_budget(host))
 
 
 def start_tuning(
@@ -148,7 +149,9 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         span = (window[-1].ts - window[0].ts + 1.0) if window else 0.0
         if span < interval:
             return "waiting for fresh metrics", max(0.5, min(interval - span, interval))
-        observation = build_observation(host, window)
+        # One budget for the tuner's mask and the check of its decision, so that they agree.
+        budget = host_budget(host)
+        observation = build_observation(host, window, budget)
         policy = (
             tuner_lib.loads(bytes(session.checkpoint))
             if session.checkpoint
@@ -157,7 +160,7 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         started = time.perf_counter()
         decision = policy.decide(observation)
         latency_ms = (time.perf_counter() - started) * 1000
-        workers = check_allocation(host, decision.allocation)
+        workers = check_allocation(host, decision.allocation, budget)
         current = newest.workers if newest is not None else None
         allocation = newest
         if workers != current:

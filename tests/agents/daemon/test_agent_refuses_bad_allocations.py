@@ -63,7 +63,7 @@ def test_an_allocation_over_the_memory_budget_is_refused(
     )
     agent = Agent(pipeline, config)
     agent.take_sample()  # measures the parse worker's resident memory
-    per_worker = agent.stage_limits()[0].rss_mb_per_worker
+    per_worker = agent.stage_limits()[0].memory_mb_per_worker
     assert per_worker and per_worker > 1.0, "a process worker has a measurable resident set"
     # Room for today's one parse worker and a little more, not for three.
     agent.memory_budget_mb = 1.5 * per_worker

@@ -5,9 +5,9 @@ import pytest
 from agents.daemon.checks import StageLimits, check_allocation
 
 STAGES = [
-    StageLimits("read", max_workers=4, rss_mb_per_worker=100.0),
-    StageLimits("parse", max_workers=8, rss_mb_per_worker=300.0),
-    StageLimits("collate", max_workers=None, rss_mb_per_worker=None),  # a thread stage
+    StageLimits("read", max_workers=4, memory_mb_per_worker=100.0),
+    StageLimits("parse", max_workers=8, memory_mb_per_worker=300.0),
+    StageLimits("collate", max_workers=None, memory_mb_per_worker=None),  # a thread stage
 ]
 
 
@@ -30,7 +30,10 @@ def test_a_sound_allocation_passes():
         ({"read": True, "parse": 1, "collate": 1}, ["'read' asks for True"]),
         ({"read": "2", "parse": 1, "collate": 1}, ["'read' asks for '2'"]),
         ({"read": 5, "parse": 1, "collate": 1}, ["'read' asks for 5", "at most 4"]),
-        ({"read": 4, "parse": 8, "collate": 1}, ["13 workers in all", "budget is 12"]),
+        (
+            {"read": 4, "parse": 8, "collate": 1},
+            ["takes 13 CPU slots", "budget is 12 CPU slots", "--worker-budget"],
+        ),
     ],
 )
 def test_a_bad_allocation_is_refused_with_its_reason(workers, words):
@@ -49,4 +52,4 @@ def test_an_allocation_over_the_memory_budget_is_refused_with_the_estimate():
 
 
 def test_workers_that_are_not_a_mapping_are_refused():
-    assert "stage -> count" in check([1, 2, 3])
+    assert "stage name -> worker count" in check([1, 2, 3])

@@ -11,7 +11,6 @@ from agents.host import (
     available_cpus,
     cgroup_cpu_limit,
     cgroup_memory_limit_bytes,
-    default_worker_budget,
 )
 
 V2_SELF = "0::/kubepods/pod1/trainer\n"
@@ -80,12 +79,6 @@ def test_a_namespaced_path_that_is_not_mounted_falls_back_to_the_root(tmp_path):
 def test_available_cpus_is_the_least_of_affinity_and_quota(v2):
     affinity = len(os.sched_getaffinity(0))
     assert available_cpus(v2, V2_SELF) == min(affinity, 1.5)
-
-
-def test_the_default_worker_budget_is_whole_cpus_plus_one_per_stage():
-    assert default_worker_budget(16.0, 5) == 21
-    assert default_worker_budget(1.5, 5) == 6
-    assert default_worker_budget(0.5, 2) == 3
 
 
 def test_a_live_sample_has_the_protocols_host_fields_in_range():

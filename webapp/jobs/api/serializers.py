@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 import tuner as tuner_lib
 from webapp.jobs.models import CONTROL_PLANE_OPTIONS, Allocation, AuditEntry, Host, Job, Stage
+from webapp.jobs.services import budget_summary
 from webapp.strict_fields import (
     StrictCharField,
     StrictFloatField,
@@ -147,11 +148,12 @@ class HostSerializer(StrictModelSerializer):
     state = serializers.SerializerMethodField()
     allocation = serializers.SerializerMethodField()
     override = serializers.SerializerMethodField()
+    budget = serializers.SerializerMethodField()
 
     class Meta:
         model = Host
         fields = [
-            "id", "job", "name", "cpus", "memory_mb", "worker_budget", "state", "last_seen",
+            "id", "job", "name", "cpus", "memory_mb", "worker_budget", "budget", "state", "last_seen",
             "allocation_version", "applied_version", "dropped_samples", "allocation", "override", "created_at",
         ]  # fmt: skip
         read_only_fields = [
@@ -184,6 +186,10 @@ class HostSerializer(StrictModelSerializer):
             "created_at": override.created_at,
             "expires_at": override.expires_at,
         }
+
+    def get_budget(self, host: Host) -> dict:
+        """The budget in its terms (agents.budget): CPU slots, CPU used, memory, per stage."""
+        return budget_summary(host)
 
     def validate_name(self, value: str) -> str:
         if not HOST_NAME.match(value):
