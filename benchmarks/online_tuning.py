@@ -1,6 +1,13 @@
 """InTune on the real DLRM pipeline of this host: online tuning against the best allocation.
 
     python -m benchmarks.online_tuning --seconds-per-allocation 6 --tuning-seconds 60
+    python -m benchmarks.online_tuning --pipeline agents.pipeline.examples:object_store_text \
+        --allocations io --interval 5
+
+``--pipeline`` takes ``dlrm`` (the default) or any ``module:factory``; ``--allocations io``
+measures the I/O-bound candidates of ``benchmarks.io_budget`` instead of every allocation the
+old worker-count budget allows (a waiting stage may have up to 64 threads now, too many to try
+them all).
 
 1. Exhaustive: runs the DLRM pipeline (``agents.dlrm``) once and, resizing it live, measures the
    samples/s of every allocation the host's worker budget allows (each stage at least one
@@ -27,6 +34,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import track
 
+from agents.budget import cpu_slots
+from agents.pipeline.loading import build
 from tests.support.live_stack import LiveStack
 from webapp.stack.supervisor import wait_until
 
@@ -45,16 +54,19 @@ def feasible_allocations(
     ]
 
 
-def exhaustive(seconds: float, settle: float) -> tuple[dict, float, list[dict]]:
-    from agents.dlrm import build_pipeline
-
-    pipeline = build_pipeline().start()
+def exhaustive(
+    seconds: float, settle: float, spec: str = "dlrm", which: str = "all"
+) -> tuple[dict, float, list[dict]]:
+    pipeline = build(spec).start()
     stages = pipeline.stage_names
-    budget = (os.cpu_count() or 1) + len(stages)
-    caps = {
-        stage.name: getattr(stage, "max_workers", None) for stage in getattr(pipeline, "stages", [])
-    }
-    allocations = feasible_allocations(stages, budget, caps)
+    if which == "io":
+        from benchmarks.io_budget import candidates
+
+        allocations = candidates(len(os.sched_getaffinity(0)))
+    else:
+        budget = cpu_slots(len(os.sched_getaffinity(0)), len(stages))
+        caps = {stage.name: stage.max_workers for stage in pipeline.stages}
+        allocations = feasible_allocations(stages, budget, caps)
     stop = threading.Event()
 
     def drain():
@@ -83,23 +95,24 @@ def exhaustive(seconds: float, settle: float) -> tuple[dict, float, list[dict]]:
     return best["allocation"], best["throughput"], results
 
 
-def online(tuning_seconds: float, interval: float) -> dict:
-    from agents.dlrm.schema import STAGE_NAMES
-
+def online(tuning_seconds: float, interval: float, spec: str = "dlrm") -> dict:
+    stage_names = build(spec).stage_names
     with LiveStack(Path(tempfile.mkdtemp(prefix="intune-online-")), beat=True) as stack:
         person = stack.create_user("bench-operator", role="operator")
         job_id, host_id, token = stack.register_job_and_host(
             person["token"],
             {
                 "name": "online-bench",
-                "stages": [{"name": s} for s in STAGE_NAMES],
+                "stages": [{"name": s} for s in stage_names],
                 "tuner": "intune",
                 "decision_interval_s": interval,
             },
             {"name": "this-host", "cpus": os.cpu_count() or 1, "memory_mb": 8192},
         )
         with stack.client(person["token"]) as api:
-            stack.start_agent(host_id, token, "--no-train", "--batch-seconds", "1")
+            stack.start_agent(
+                host_id, token, "--no-train", "--batch-seconds", "1", "--pipeline", spec
+            )
             wait_until(
                 lambda: api.get(f"/api/v1/hosts/{host_id}/").json()["applied_version"] >= 1,
                 90,
@@ -149,10 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         "--interval", type=float, default=2.0, help="seconds of fresh metrics per decision"
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--pipeline", default="dlrm", help="'dlrm' or module:factory")
+    parser.add_argument(
+        "--allocations",
+        choices=["all", "io"],
+        default="all",
+        help="'all' that the worker-count budget allows, or the I/O-bound candidates",
+    )
     args = parser.parse_args(argv)
-    best_allocation, best, table = exhaustive(args.seconds_per_allocation, args.settle)
+    best_allocation, best, table = exhaustive(
+        args.seconds_per_allocation, args.settle, args.pipeline, args.allocations
+    )
     console.print(f"best measured: {best:,.0f} samples/s at {best_allocation}")
-    result = online(args.tuning_seconds, args.interval)
+    result = online(args.tuning_seconds, args.interval, args.pipeline)
     ratio = result["final_throughput"] / best if best else 0.0
     console.print(
         f"online after {args.tuning_seconds:.0f} s: {result['final_throughput']:,.0f} samples/s at "

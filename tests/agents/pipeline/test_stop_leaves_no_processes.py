@@ -17,8 +17,24 @@ from agents.pipeline.examples import counting
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.fixture(autouse=True)
+def _others():
+    """Processes this test session had before the test (an embedded Redis server, say)."""
+    _BEFORE.clear()
+    _BEFORE.update(p.pid for p in psutil.Process().children(recursive=True))
+
+
+_BEFORE: set[int] = set()
+
+
 def _workers_of(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(pid).children(recursive=True) if p.is_running()]
+    """The processes under ``pid`` (the launcher and the workers), less those that were
+    there before the test."""
+    return [
+        p
+        for p in psutil.Process(pid).children(recursive=True)
+        if p.is_running() and p.pid not in _BEFORE
+    ]
 
 
 def _gone_soon(processes: list[psutil.Process], within: float = 3.0) -> bool:
