@@ -13,8 +13,8 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from webapp.jobs.api.serializers import AllocationSerializer, active_override_data
 from webapp.jobs.models import Host, Job
-from webapp.tuning.services import active_override
 
 from . import queries
 from .alerts import Thresholds, host_alerts
@@ -83,7 +83,7 @@ class JobHostsSummaryView(APIView):
                     {
                         "id": h.pk,
                         "name": h.name,
-                        "state": queries.host_state(h),
+                        "state": h.state,
                         "throughput": figures.get(h.pk, {}).get("throughput"),
                         "idle_fraction": figures.get(h.pk, {}).get("idle_fraction"),
                         "allocation_version": h.allocation_version,
@@ -119,38 +119,20 @@ class HostOverviewView(APIView):
     def get(self, request, host_id: int):
         host = get_object_or_404(Host.objects.select_related("job"), pk=host_id)
         newest = host.allocations.select_related("created_by").order_by("-version").first()
-        override = active_override(host)
         figures = queries.current_figures([host.pk]).get(host.pk)
         return Response(
             {
                 "id": host.pk,
                 "name": host.name,
-                "state": queries.host_state(host),
+                "state": host.state,
                 "last_seen": host.last_seen.timestamp() if host.last_seen else None,
                 "cpus": host.cpus,
                 "memory_mb": host.memory_mb,
                 "worker_budget": host.worker_budget,
                 "allocation_version": host.allocation_version,
                 "applied_version": host.applied_version,
-                "allocation": None
-                if newest is None
-                else {
-                    "version": newest.version,
-                    "workers": newest.workers,
-                    "source": newest.source,
-                    "status": newest.status,
-                    "refusal_reason": newest.refusal_reason,
-                    "created_by": newest.created_by.username if newest.created_by else None,
-                },
-                "override": None
-                if override is None
-                else {
-                    "workers": override.workers,
-                    "reason": override.reason,
-                    "created_by": override.created_by.username if override.created_by else None,
-                    "created_at": override.created_at.timestamp(),
-                    "expires_at": override.expires_at.timestamp() if override.expires_at else None,
-                },
+                "allocation": None if newest is None else AllocationSerializer(newest).data,
+                "override": active_override_data(host),
                 "limits": queries.stage_limits(host),
                 "throughput": figures["throughput"] if figures else None,
                 "idle_fraction": figures["idle_fraction"] if figures else None,

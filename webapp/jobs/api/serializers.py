@@ -1,9 +1,10 @@
 import re
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 import tuner as tuner_lib
-from webapp.jobs.models import Allocation, AuditEntry, Host, Job, Stage
+from webapp.jobs.models import HOST_STATES, Allocation, AuditEntry, Host, Job, Stage
 from webapp.strict_fields import (
     StrictCharField,
     StrictFloatField,
@@ -140,13 +141,34 @@ class AllocationSerializer(serializers.ModelSerializer):
         ]
 
 
+class ActiveOverrideSerializer(serializers.Serializer):
+    """The override in force on a host: the host's API (``override``) and the dashboard's host
+    panel both show it so."""
+
+    workers = serializers.DictField(child=serializers.IntegerField(), read_only=True)
+    reason = serializers.CharField(read_only=True)
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, allow_null=True
+    )
+    created_at = serializers.DateTimeField(read_only=True)
+    expires_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+def active_override_data(host: Host) -> dict | None:
+    """The host's override in force, rendered by :class:`ActiveOverrideSerializer`, or ``None``."""
+    from webapp.tuning.services import active_override
+
+    override = active_override(host)
+    return None if override is None else ActiveOverrideSerializer(override).data
+
+
 class HostSerializer(StrictModelSerializer):
     cpus = StrictFloatField(min_value=0.01, max_value=100_000)
     memory_mb = StrictFloatField(min_value=1, max_value=1e9)
     worker_budget = StrictIntegerField(
         min_value=1, max_value=100_000, required=False, allow_null=True
     )
-    state = serializers.SerializerMethodField()
+    state = serializers.ChoiceField(choices=HOST_STATES, read_only=True)
     allocation = serializers.SerializerMethodField()
     override = serializers.SerializerMethodField()
 
@@ -166,28 +188,14 @@ class HostSerializer(StrictModelSerializer):
             "created_at",
         ]
 
-    def get_state(self, host: Host) -> str:
-        if host.last_seen is None:
-            return "new"
-        return "online" if host.is_online else "offline"
-
+    @extend_schema_field(AllocationSerializer(allow_null=True))
     def get_allocation(self, host: Host) -> dict | None:
         newest = host.allocations.order_by("-version").first()
         return AllocationSerializer(newest).data if newest else None
 
+    @extend_schema_field(ActiveOverrideSerializer(allow_null=True))
     def get_override(self, host: Host) -> dict | None:
-        from webapp.tuning.services import active_override
-
-        override = active_override(host)
-        if override is None:
-            return None
-        return {
-            "workers": override.workers,
-            "reason": override.reason,
-            "created_by": override.created_by.username if override.created_by else None,
-            "created_at": override.created_at,
-            "expires_at": override.expires_at,
-        }
+        return active_override_data(host)
 
     def validate_name(self, value: str) -> str:
         if not HOST_NAME.match(value):
