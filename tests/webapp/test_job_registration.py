@@ -127,3 +127,18 @@ def test_known_tuning_options_are_kept(api, operator):
     )
     assert response.status_code == 201, response.content
     assert response.json()["tuning_options"] == {"online_epsilon": 0.05, "pretrain_steps": 50}
+
+
+def test_a_patch_with_a_stage_without_a_name_is_refused_and_changes_nothing(
+    api, operator, make_job
+):
+    # Found by schemathesis's coverage phase: it was a 500 (the partial update skipped the
+    # stage's required name, then the stage checks read it).
+    job = make_job(name="kept", stages=["read", "parse"])
+    body = {"name": "0", "description": "", "tuner": "intune", "decision_interval_s": 5.0,
+            "stages": [{"max_workers": 1, "memory_mb_per_worker": 0.0}], "tuning_options": {}}  # fmt: skip
+    response = api.as_user(operator).patch(f"/api/v1/jobs/{job.pk}/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["detail"].startswith("stages.0.name: every stage needs a name")
+    job.refresh_from_db()
+    assert job.name == "kept" and job.stage_names == ["read", "parse"]

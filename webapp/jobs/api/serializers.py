@@ -1,22 +1,31 @@
-import re
+from typing import get_type_hints
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 import tuner as tuner_lib
+from tuner.intune import IntuneConfig
 from webapp.jobs.models import HOST_STATES, Allocation, AuditEntry, Host, Job, Stage
 from webapp.strict_fields import (
+    FullMatch,
     StrictCharField,
     StrictFloatField,
     StrictIntegerField,
     StrictModelSerializer,
 )
 
-HOST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# Written anchored, in the regex syntax Python and JSON Schema read alike: the schema shows them.
+HOST_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
 # A stage's name may also join fused stages with '+' ("read+parse": agents.pipeline.fusion).
-STAGE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$")
+STAGE_NAME = r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$"
+# Text that is not blank once trimmed (DRF trims it) and holds no NUL (PostgreSQL stores none).
+NOT_BLANK_TEXT = r"^[^\x00]*[^\s\x00][^\x00]*$"
+ANY_TEXT = r"^[^\x00]*$"
 # The largest primary key the database holds (a 64-bit integer); a bigger id is a 400, not a 500.
 MAX_ID = 2**63 - 1
+MAX_STAGES = 16  # what the tuner handles
+STAGES_MESSAGE = f"a pipeline has between 1 and {MAX_STAGES} stages (what the tuner handles)"
 
 
 def _holds_nul(value) -> bool:
@@ -30,7 +39,96 @@ def _holds_nul(value) -> bool:
     return False
 
 
+def _tuning_option_schemas() -> dict[str, dict]:
+    """Each tuning option a job may set, with its JSON schema: the control plane's own
+    (``pretrain_steps``), and intune's (a policy file, and any ``IntuneConfig`` field)."""
+    json_types = {int: {"type": "integer"}, float: {"type": "number"}}
+    options = {
+        "pretrain_steps": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_PRETRAIN_STEPS,
+            "description": "decisions taken on the host's fitted twin before online tuning",
+        },
+        "policy": {
+            "type": "string",
+            "nullable": True,
+            "maxLength": 1000,
+            "description": "intune only: the policy file on the control plane; null: untrained",
+        },
+    }
+    for name, kind in get_type_hints(IntuneConfig).items():
+        options[name] = json_types[kind] | {"description": "intune only: IntuneConfig." + name}
+    return options
+
+
+MAX_PRETRAIN_STEPS = 100_000
+MAX_TUNING_OPTIONS_CHARS = 4000
+TUNING_OPTIONS = _tuning_option_schemas()
+
+
+def _option_error(value, schema: dict) -> str | None:
+    """What is wrong with one tuning option's value against its schema, or ``None``."""
+    kind = schema["type"]
+    if value is None:
+        return None if schema.get("nullable") else f"must be a {kind}, not null"
+    if kind == "string":
+        ok = isinstance(value, str) and len(value) <= schema["maxLength"]
+        return None if ok else f"must be a string of at most {schema['maxLength']} characters"
+    numeric = int if kind == "integer" else int | float
+    if isinstance(value, bool) or not isinstance(value, numeric):
+        return f"must be a{'n' if kind == 'integer' else ''} {kind}"
+    low, high = schema.get("minimum"), schema.get("maximum")
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"must be between {low} and {high}"
+    return None
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "properties": TUNING_OPTIONS,
+        "additionalProperties": False,
+        "description": "The tuner's options. intune takes any of these; the baselines "
+        f"({', '.join(n for n in tuner_lib.TUNER_NAMES if n != 'intune')}) only pretrain_steps. "
+        f"At most {MAX_TUNING_OPTIONS_CHARS} characters in all.",
+    }
+)
+class TuningOptionsField(serializers.DictField):
+    """A job's ``tuning_options``: only options a tuner takes, each of its JSON type."""
+
+    def to_internal_value(self, data) -> dict:
+        options = super().to_internal_value(data)
+        if len(str(options)) > MAX_TUNING_OPTIONS_CHARS:
+            raise serializers.ValidationError(
+                f"tuning options are limited to {MAX_TUNING_OPTIONS_CHARS} characters"
+            )
+        if _holds_nul(options):
+            raise serializers.ValidationError("tuning options must not contain NUL characters")
+        errors = {}
+        for name, value in options.items():
+            if name not in TUNING_OPTIONS:
+                errors[name] = (
+                    f"no tuner takes this option; the options are {sorted(TUNING_OPTIONS)}"
+                )
+            elif (problem := _option_error(value, TUNING_OPTIONS[name])) is not None:
+                errors[name] = problem
+        if errors:
+            raise serializers.ValidationError(errors)
+        return options
+
+
 class StageSerializer(StrictModelSerializer):
+    name = StrictCharField(
+        max_length=64,
+        validators=[
+            FullMatch(
+                STAGE_NAME,
+                "a stage name starts with a letter and has at most 64 letters, digits, '_', '.', "
+                "'-' or '+' (which joins fused stages)",
+            )
+        ],
+    )
     max_workers = StrictIntegerField(
         min_value=1, max_value=100_000, required=False, allow_null=True
     )
@@ -42,20 +140,44 @@ class StageSerializer(StrictModelSerializer):
         model = Stage
         fields = ["name", "max_workers", "memory_mb_per_worker"]
 
-    def validate_name(self, value: str) -> str:
-        if not STAGE_NAME.match(value):
+    def validate(self, attrs: dict) -> dict:
+        # A PATCH is partial, and DRF lets a partial update leave out any field, nested ones too;
+        # but stages sent in a PATCH replace them all, so each still needs its name.
+        if "name" not in attrs:
             raise serializers.ValidationError(
-                "a stage name starts with a letter and has at most 64 letters, digits, '_', '.', "
-                "'-' or '+' (which joins fused stages)"
+                {"name": "every stage needs a name (stages sent in a PATCH replace them all)"}
             )
-        return value
+        return attrs
 
 
 class JobSerializer(StrictModelSerializer):
-    stages = StageSerializer(many=True)
-    tuner = StrictCharField(default="intune")
+    name = StrictCharField(
+        max_length=100,
+        validators=[
+            FullMatch(NOT_BLANK_TEXT, "a job name is text of at most 100 characters, not blank"),
+            UniqueValidator(Job.objects.all(), message="a job with this name already exists"),
+        ],
+    )
+    description = StrictCharField(
+        required=False,
+        allow_blank=True,
+        validators=[FullMatch(ANY_TEXT, "a description must not contain NUL characters")],
+    )
+    stages = StageSerializer(
+        many=True,
+        min_length=1,
+        max_length=MAX_STAGES,
+        error_messages={"min_length": STAGES_MESSAGE, "max_length": STAGES_MESSAGE},
+    )
+    tuner = serializers.ChoiceField(
+        choices=tuner_lib.TUNER_NAMES,
+        default="intune",
+        error_messages={
+            "invalid_choice": f"unknown tuner {{input!r}}; choose one of {sorted(tuner_lib.TUNER_NAMES)}"
+        },
+    )
     decision_interval_s = StrictFloatField(min_value=0.5, max_value=3600, default=5.0)
-    tuning_options = serializers.DictField(required=False, default=dict)
+    tuning_options = TuningOptionsField(required=False, default=dict)
     hosts_online = serializers.SerializerMethodField()
     hosts_total = serializers.SerializerMethodField()
     tuning = serializers.SerializerMethodField()
@@ -69,10 +191,6 @@ class JobSerializer(StrictModelSerializer):
         read_only_fields = ["id", "created_at"]
 
     def validate_stages(self, stages: list[dict]) -> list[dict]:
-        if not 1 <= len(stages) <= 16:
-            raise serializers.ValidationError(
-                "a pipeline has between 1 and 16 stages (what the tuner handles)"
-            )
         names = [s["name"] for s in stages]
         if len(set(names)) != len(names):
             raise serializers.ValidationError(f"stage names must be unique, got {names}")
@@ -82,20 +200,6 @@ class JobSerializer(StrictModelSerializer):
                     "the stages of a job with registered hosts cannot change; register a new job"
                 )
         return stages
-
-    def validate_tuner(self, value: str) -> str:
-        if value not in tuner_lib.TUNER_NAMES:
-            raise serializers.ValidationError(
-                f"unknown tuner {value!r}; choose one of {sorted(tuner_lib.TUNER_NAMES)}"
-            )
-        return value
-
-    def validate_tuning_options(self, value: dict) -> dict:
-        if len(str(value)) > 4000:
-            raise serializers.ValidationError("tuning options are limited to 4000 characters")
-        if _holds_nul(value):
-            raise serializers.ValidationError("tuning options must not contain NUL characters")
-        return value
 
     def validate(self, attrs: dict) -> dict:
         """Refuse tuning options the chosen tuner does not take, now rather than when a session
@@ -163,6 +267,16 @@ def active_override_data(host: Host) -> dict | None:
 
 
 class HostSerializer(StrictModelSerializer):
+    name = StrictCharField(
+        max_length=64,
+        validators=[
+            FullMatch(
+                HOST_NAME,
+                "a host name starts with a letter and has at most 64 letters, digits, '_', '.' "
+                "or '-'",
+            )
+        ],
+    )
     cpus = StrictFloatField(min_value=0.01, max_value=100_000)
     memory_mb = StrictFloatField(min_value=1, max_value=1e9)
     worker_budget = StrictIntegerField(
@@ -196,13 +310,6 @@ class HostSerializer(StrictModelSerializer):
     @extend_schema_field(ActiveOverrideSerializer(allow_null=True))
     def get_override(self, host: Host) -> dict | None:
         return active_override_data(host)
-
-    def validate_name(self, value: str) -> str:
-        if not HOST_NAME.match(value):
-            raise serializers.ValidationError(
-                "a host name starts with a letter and has at most 64 letters, digits, '_', '.' or '-'"
-            )
-        return value
 
 
 class HostRegisteredSerializer(HostSerializer):
