@@ -225,6 +225,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "webapp.api_schema.document_errors",
+        "webapp.jobs.api.tuning_options.job_rules_across_fields",
     ],
 }
 

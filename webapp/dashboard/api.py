@@ -7,7 +7,7 @@ import time
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -33,8 +33,15 @@ def _number(request, name: str, default: float | None = None) -> float | None:
     return value
 
 
+# Unix seconds a datetime can hold, with room: up to the year 5138.
+LATEST_TS = 1e11
+
+
 def _since(request) -> float | None:
-    return _number(request, "since")
+    since = _number(request, "since")
+    if since is not None and not 0 <= since <= LATEST_TS:
+        raise ValidationError({"since": f"must be Unix seconds between 0 and {LATEST_TS:g}"})
+    return since
 
 
 class JobsSummaryView(APIView):
@@ -101,7 +108,16 @@ class HostAllocationsView(APIView):
 
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "since",
+                {"type": "number", "minimum": 0, "maximum": LATEST_TS},
+                description="Unix seconds; default: all of it",
+            )
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
     def get(self, request, host_id: int):
         host = get_object_or_404(Host, pk=host_id)
         return Response(

@@ -1,12 +1,12 @@
-from typing import get_type_hints
-
+from django.core.validators import MaxLengthValidator, MinLengthValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
 import tuner as tuner_lib
-from tuner.intune import IntuneConfig
+from webapp.jobs.api.tuning_options import TuningOptionsField
 from webapp.jobs.models import HOST_STATES, Allocation, AuditEntry, Host, Job, Stage
+from webapp.jobs.names import HOST_NAME, NON_EMPTY_TEXT, NOT_BLANK_TEXT, STAGE_NAME
 from webapp.strict_fields import (
     FullMatch,
     StrictCharField,
@@ -15,112 +15,23 @@ from webapp.strict_fields import (
     StrictModelSerializer,
 )
 
-# Written anchored, in the regex syntax Python and JSON Schema read alike: the schema shows them.
-HOST_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
-# A stage's name may also join fused stages with '+' ("read+parse": agents.pipeline.fusion).
-STAGE_NAME = r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$"
-# Text that is not blank once trimmed (DRF trims it) and holds no NUL (PostgreSQL stores none).
-NOT_BLANK_TEXT = r"^[^\x00]*[^\s\x00][^\x00]*$"
-ANY_TEXT = r"^[^\x00]*$"
 # The largest primary key the database holds (a 64-bit integer); a bigger id is a 400, not a 500.
 MAX_ID = 2**63 - 1
 MAX_STAGES = 16  # what the tuner handles
 STAGES_MESSAGE = f"a pipeline has between 1 and {MAX_STAGES} stages (what the tuner handles)"
 
 
-def _holds_nul(value) -> bool:
-    """Whether a JSON value holds a NUL character anywhere (PostgreSQL cannot store one)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(v) for v in value)
-    return False
-
-
-def _tuning_option_schemas() -> dict[str, dict]:
-    """Each tuning option a job may set, with its JSON schema: the control plane's own
-    (``pretrain_steps``), and intune's (a policy file, and any ``IntuneConfig`` field)."""
-    json_types = {int: {"type": "integer"}, float: {"type": "number"}}
-    options = {
-        "pretrain_steps": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": MAX_PRETRAIN_STEPS,
-            "description": "decisions taken on the host's fitted twin before online tuning",
-        },
-        "policy": {
-            "type": "string",
-            "nullable": True,
-            "maxLength": 1000,
-            "description": "intune only: the policy file on the control plane; null: untrained",
-        },
-    }
-    for name, kind in get_type_hints(IntuneConfig).items():
-        options[name] = json_types[kind] | {"description": "intune only: IntuneConfig." + name}
-    return options
-
-
-MAX_PRETRAIN_STEPS = 100_000
-MAX_TUNING_OPTIONS_CHARS = 4000
-TUNING_OPTIONS = _tuning_option_schemas()
-
-
-def _option_error(value, schema: dict) -> str | None:
-    """What is wrong with one tuning option's value against its schema, or ``None``."""
-    kind = schema["type"]
-    if value is None:
-        return None if schema.get("nullable") else f"must be a {kind}, not null"
-    if kind == "string":
-        ok = isinstance(value, str) and len(value) <= schema["maxLength"]
-        return None if ok else f"must be a string of at most {schema['maxLength']} characters"
-    numeric = int if kind == "integer" else int | float
-    if isinstance(value, bool) or not isinstance(value, numeric):
-        return f"must be a{'n' if kind == 'integer' else ''} {kind}"
-    low, high = schema.get("minimum"), schema.get("maximum")
-    if (low is not None and value < low) or (high is not None and value > high):
-        return f"must be between {low} and {high}"
-    return None
-
-
-@extend_schema_field(
-    {
-        "type": "object",
-        "properties": TUNING_OPTIONS,
-        "additionalProperties": False,
-        "description": "The tuner's options. intune takes any of these; the baselines "
-        f"({', '.join(n for n in tuner_lib.TUNER_NAMES if n != 'intune')}) only pretrain_steps. "
-        f"At most {MAX_TUNING_OPTIONS_CHARS} characters in all.",
-    }
-)
-class TuningOptionsField(serializers.DictField):
-    """A job's ``tuning_options``: only options a tuner takes, each of its JSON type."""
-
-    def to_internal_value(self, data) -> dict:
-        options = super().to_internal_value(data)
-        if len(str(options)) > MAX_TUNING_OPTIONS_CHARS:
-            raise serializers.ValidationError(
-                f"tuning options are limited to {MAX_TUNING_OPTIONS_CHARS} characters"
-            )
-        if _holds_nul(options):
-            raise serializers.ValidationError("tuning options must not contain NUL characters")
-        errors = {}
-        for name, value in options.items():
-            if name not in TUNING_OPTIONS:
-                errors[name] = (
-                    f"no tuner takes this option; the options are {sorted(TUNING_OPTIONS)}"
-                )
-            elif (problem := _option_error(value, TUNING_OPTIONS[name])) is not None:
-                errors[name] = problem
-        if errors:
-            raise serializers.ValidationError(errors)
-        return options
+# drf-spectacular writes a blank-allowed field with a pattern as oneOf [pattern, empty string]:
+# the pattern must not match the empty string too, or "" would match both (oneOf fails).
+@extend_schema_field({"type": "string", "pattern": NON_EMPTY_TEXT})
+class TextWithoutNul(StrictCharField):
+    """Text, blank allowed, without NUL (DRF's CharField refuses NUL; the schema says so too)."""
 
 
 class StageSerializer(StrictModelSerializer):
     name = StrictCharField(
         max_length=64,
+        trim_whitespace=False,  # " read" is not "read": the schema's pattern refuses both
         validators=[
             FullMatch(
                 STAGE_NAME,
@@ -158,16 +69,14 @@ class JobSerializer(StrictModelSerializer):
             UniqueValidator(Job.objects.all(), message="a job with this name already exists"),
         ],
     )
-    description = StrictCharField(
-        required=False,
-        allow_blank=True,
-        validators=[FullMatch(ANY_TEXT, "a description must not contain NUL characters")],
-    )
-    stages = StageSerializer(
-        many=True,
-        min_length=1,
-        max_length=MAX_STAGES,
-        error_messages={"min_length": STAGES_MESSAGE, "max_length": STAGES_MESSAGE},
+    description = TextWithoutNul(required=False, allow_blank=True)
+    # Validators rather than min_length/max_length: drf-spectacular writes them into the schema.
+    stages = serializers.ListSerializer(
+        child=StageSerializer(),
+        validators=[
+            MinLengthValidator(1, STAGES_MESSAGE),
+            MaxLengthValidator(MAX_STAGES, STAGES_MESSAGE),
+        ],
     )
     tuner = serializers.ChoiceField(
         choices=tuner_lib.TUNER_NAMES,
@@ -213,8 +122,10 @@ class JobSerializer(StrictModelSerializer):
         tuner_options = {k: v for k, v in options.items() if k not in CONTROL_PLANE_OPTIONS}
         try:
             tuner_lib.make_tuner(tuner_name, stages, **tuner_options)
-        except (TypeError, ValueError) as exc:
-            raise serializers.ValidationError({"tuning_options": str(exc)}) from exc
+        except Exception as exc:  # whatever the tuner refuses, a session would fail on it later
+            raise serializers.ValidationError(
+                {"tuning_options": f"the {tuner_name} tuner cannot be made with these: {exc}"}
+            ) from exc
         return attrs
 
     def get_hosts_online(self, job: Job) -> int:
@@ -229,7 +140,10 @@ class JobSerializer(StrictModelSerializer):
 
 
 class AllocationSerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # null for the default allocation and the policy's: no person made them.
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Allocation
@@ -269,6 +183,7 @@ def active_override_data(host: Host) -> dict | None:
 class HostSerializer(StrictModelSerializer):
     name = StrictCharField(
         max_length=64,
+        trim_whitespace=False,  # " host-1" is not "host-1": the schema's pattern refuses both
         validators=[
             FullMatch(
                 HOST_NAME,
