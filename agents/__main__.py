@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agents.logs import configure_logging
+
 log = logging.getLogger("agents")
 
 
@@ -221,14 +223,8 @@ def start_consumer(
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until SIGINT/SIGTERM (or ``--seconds``); return the exit status."""
     args = build_parser().parse_args(argv)
-    try:
-        from rich.logging import RichHandler
-
-        handler: logging.Handler = RichHandler(show_path=False)
-        fmt = "%(message)s"
-    except ImportError:  # pragma: no cover - rich is a dependency
-        handler, fmt = logging.StreamHandler(), "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=args.log_level.upper(), format=fmt, handlers=[handler])
+    # One line per record in a log file or journald, rich on a terminal (agents/logs.py).
+    configure_logging(args.log_level)
     if logging.getLogger().level > logging.DEBUG:
         # httpx logs every request at INFO: one line a second says nothing the agent does not.
         logging.getLogger("httpx").setLevel(logging.WARNING)

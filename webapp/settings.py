@@ -227,6 +227,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "webapp.api_schema.document_errors",
+        "webapp.jobs.api.tuning_options.job_rules_across_fields",
     ],
 }
 
@@ -260,7 +261,8 @@ if not DEBUG:
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # One line per record (exceptions as standard tracebacks), as the agent logs: agents/logs.py.
+    "formatters": {"plain": {"()": "agents.logs.OneLineFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.getenv("INTUNE_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},

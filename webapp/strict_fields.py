@@ -5,6 +5,8 @@ number 8 and ``"max_steps": 5.0`` the integer 5. A control plane that changes a 
 takes only what its schema says, so a client's type error is a 400 that names the field.
 """
 
+from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from django.db import models
 from rest_framework import serializers
 
@@ -42,3 +44,13 @@ class StrictModelSerializer(serializers.ModelSerializer):
         models.BigIntegerField: StrictIntegerField,
         models.FloatField: StrictFloatField,
     }
+
+
+class FullMatch(RegexValidator):
+    """A regex the whole value must match (``re.fullmatch``: a trailing newline does not slip
+    past ``$``). drf-spectacular writes its pattern into the schema as ``pattern``, so write
+    it anchored and in the syntax both Python and JSON Schema (ECMA 262) read alike."""
+
+    def __call__(self, value):
+        if not isinstance(value, str) or not self.regex.fullmatch(value):
+            raise ValidationError(self.message, code=self.code)

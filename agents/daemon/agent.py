@@ -99,7 +99,8 @@ class Agent:
     Use :func:`agents.attach` for the common case; construct directly for full control.
     ``trainer_stats`` is a callable returning the trainer's stats (``throughput``,
     ``idle_fraction``, ``step_ms``, ``wait_ms``, ``device``); by default the pipeline's
-    ``consumer_stats`` is used. ``on_shipped(last_seq)`` is called after each stored batch.
+    ``consumer_stats`` is used. ``on_shipped(last_seq)`` is called after each stored batch that
+    carried samples (not after a status-only one).
     """
 
     def __init__(
@@ -330,7 +331,7 @@ class Agent:
         if answer.get("duplicates"):
             self.duplicates_acknowledged += int(answer["duplicates"])
             log.info("control plane already had %d of %d samples", answer["duplicates"], len(batch))
-        if self.on_shipped is not None:
+        if self.on_shipped is not None and batch:  # a status-only batch ships no sequence
             self.on_shipped(batch[-1]["seq"])
         return len(batch)
 

@@ -20,9 +20,9 @@ class Plane:
 
 
 @contextmanager
-def live_plane(directory) -> Plane:
+def live_plane(directory, extra_env: dict[str, str] | None = None) -> Plane:
     """A live stack with an operator, a viewer and a job with two hosts."""
-    with LiveStack(directory) as stack:
+    with LiveStack(directory, extra_env=extra_env) as stack:
         operator = stack.create_user(f"op-{uuid.uuid4().hex[:6]}", role="operator")["token"]
         viewer = stack.create_user(f"view-{uuid.uuid4().hex[:6]}", role="viewer")["token"]
         with stack.client(operator) as api:

@@ -2,6 +2,7 @@
 read back its JSON report: cases tried, failures, errors."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,10 @@ CHECKS = [
     "negative_data_rejection",
     "ignored_auth",
 ]
+# A 413 (body too large) and a 414 (URL too long) refuse invalid data too.
+REFUSALS = [400, 401, 403, 404, 405, 406, 409, 413, 414, 415, 422, 429]
 ST = str(Path(sys.executable).with_name("st"))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fuzz(
@@ -29,18 +33,25 @@ def fuzz(
     headers: dict[str, str] | None = None,
     include_path_regex: str | None = None,
     exclude_paths: list[str] = (),
+    exclude_operations: list[str] = (),
     parameters: dict[str, object] | None = None,
     schema_token: str,
+    phases: str = "examples,fuzzing,stateful",
+    accept_valid: list[str] = (),
     max_examples: int = 25,
+    workers: int = 2,
     seed: int = 7,
     timeout: float = 240,
 ) -> dict:
     """Fuzz the API at ``url``; returns the report's figures and the console output's tail.
 
-    ``exclude_paths`` lists paths to leave out; ``parameters`` pins parameter values (e.g. the
-    host id an agent token belongs to, so that its cases reach the handler). The schema is read
-    with ``schema_token`` (it is served to people only) and saved, so an unauthenticated run
-    fuzzes the same operations.
+    ``exclude_paths`` lists paths to leave out, ``exclude_operations`` operations
+    ("DELETE /api/v1/jobs/{id}/"); ``parameters`` pins parameter values (e.g. the
+    host id an agent token belongs to, so that its cases reach the handler). ``accept_valid``
+    names operations ("POST /api/v1/jobs/") that must also accept every request their schema
+    allows (schemathesis's positive_data_acceptance): there the schema is as strict as the
+    validation. The schema is read with ``schema_token`` (it is served to people only) and
+    saved, so an unauthenticated run fuzzes the same operations.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     schema = httpx.get(
@@ -55,22 +66,24 @@ def fuzz(
     if parameters:
         config.append("[parameters]")
         config += [f"{key} = {json.dumps(value)}" for key, value in parameters.items()]
-    # A 413 (body too large) and a 414 (URL too long) refuse invalid data too.
-    config.append("[checks.negative_data_rejection]")
-    refusals = [400, 401, 403, 404, 405, 406, 409, 413, 414, 415, 422, 429]
-    config.append(f"expected-statuses = {refusals}")
+    # The checks are chosen here, not with --checks: the command line's list would override the
+    # per-operation choice below.
+    config += ["[checks]", "enabled = false"]
+    config += [f"{check}.enabled = true" for check in CHECKS]
+    config.append(f"negative_data_rejection.expected-statuses = {REFUSALS}")
+    if accept_valid:
+        config += [
+            "[[operations]]",
+            f"include-name = {json.dumps(list(accept_valid))}",
+            "checks.positive_data_acceptance.enabled = true",
+        ]
     config_path = workdir / f"{name}.toml"
     config_path.write_text("\n".join(config) + "\n")
     report = workdir / f"{name}.json"
     argv = [
         ST, "--config-file", str(config_path), "run", str(schema_path), "--url", url,
-        "--checks", ",".join(CHECKS),
-        # The coverage phase of schemathesis 4.32 crashes inside hypothesis on this schema (an
-        # error of the tool, reported as "Runtime Error", not a finding); the examples, fuzzing
-        # and stateful phases exercise every operation.
-        "--phases", "examples,fuzzing,stateful",
-        "--max-examples", str(max_examples), "--workers", "2", "--no-color",
-        "--report", "json", "--report-json-path", str(report),
+        "--phases", phases, "--max-examples", str(max_examples), "--workers", str(workers),
+        "--no-color", "--report", "json", "--report-json-path", str(report),
     ]  # fmt: skip
     for header, value in (headers or {}).items():
         argv += ["--header", f"{header}: {value}"]
@@ -78,7 +91,11 @@ def fuzz(
         argv += ["--include-path-regex", include_path_regex]
     for path in exclude_paths:
         argv += ["--exclude-path", path]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    for operation in exclude_operations:
+        argv += ["--exclude-name", operation]
+    # The hooks give valid job and host names a unique suffix (tests/security/fuzz_hooks.py).
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.security.fuzz_hooks", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     (workdir / f"{name}.txt").write_text(run.stdout + run.stderr)
     figures = json.loads(report.read_text()) if report.exists() else {}
     return {
@@ -86,6 +103,7 @@ def fuzz(
         "exit_code": run.returncode,
         "cases": figures.get("test_cases", {}).get("generated", 0),
         "operations": figures.get("operations", {}).get("tested", 0),
+        "phases": {k: v["status"] for k, v in figures.get("phases", {}).items()},
         "failures": figures.get("failures", []),
         "errors": figures.get("errors", []),
         "output": run.stdout[-6000:] + run.stderr[-2000:],

@@ -1,6 +1,7 @@
 """Property-based fuzzing of the whole API from its own OpenAPI schema (schemathesis), without
 credentials, as an operator and as an agent: no 5xx, no answer outside the schema, no invalid
-input accepted, no operation open without its credentials."""
+input accepted, no operation open without its credentials; and where the schema can say all the
+rules (registering a job or a host), every request it allows is accepted."""
 
 import pytest
 
@@ -9,11 +10,16 @@ from .fuzzing import fuzz
 
 pytestmark = pytest.mark.slow
 
+AGENT_PATHS = r"^/api/v1/hosts/\{host_id\}/(metrics|allocation)/$"
+# The schema allows what the server does: an allocation long-poll's wait up to this limit. At
+# the default (60 s) every generated long-poll could hold a minute.
+SHORT_POLLS = {"INTUNE_LONG_POLL_MAX_WAIT_S": "2"}
+
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory, redis_url):
     """A stack of its own: the stateful phase deletes the jobs and hosts it finds."""
-    with live_plane(tmp_path_factory.mktemp("fuzzed")) as plane:
+    with live_plane(tmp_path_factory.mktemp("fuzzed"), SHORT_POLLS) as plane:
         yield plane
 
 
@@ -26,8 +32,7 @@ def run_all(plane, workdir, max_examples: int, seed: int) -> list[dict]:
         fuzz(url, workdir, name="operator", headers={"Authorization": f"Token {plane.operator}"},
              exclude_paths=["/api/v1/auth/token/"], **common),
         fuzz(url, workdir, name="agent", headers={"Authorization": f"Agent {plane.agent_token}"},
-             include_path_regex=r"^/api/v1/hosts/\{host_id\}/(metrics|allocation)/$",
-             parameters={"host_id": plane.host_id}, **common),
+             include_path_regex=AGENT_PATHS, parameters={"host_id": plane.host_id}, **common),
     ]  # fmt: skip
 
 
@@ -41,6 +46,48 @@ def assert_clean(runs: list[dict]) -> None:
 
 def test_the_api_survives_a_few_hundred_fuzzed_requests(fuzzed, tmp_path):
     assert_clean(run_all(fuzzed, tmp_path, max_examples=8, seed=11))
+
+
+@pytest.fixture(scope="module")
+def covered(tmp_path_factory, redis_url):
+    """A stack of its own, with a job without hosts (id, job_id) for the operations on one."""
+    with live_plane(tmp_path_factory.mktemp("covered"), SHORT_POLLS) as plane:
+        with plane.stack.client(plane.operator) as api:
+            job_id = api.get(f"/api/v1/hosts/{plane.host_id}/").json()["job"]
+            hostless = api.post(
+                "/api/v1/jobs/", json={"name": "hostless", "stages": [{"name": "read"}]}
+            ).json()["id"]
+        yield plane, {"id": hostless, "job_id": job_id, "host_id": plane.host_id}
+
+
+def test_the_coverage_phase_finds_no_error_and_a_schema_as_strict_as_the_validation(
+    covered, tmp_path
+):
+    """schemathesis's coverage phase: each field's boundaries and each rule of the schema broken
+    one at a time, deterministically (about 3,500 requests)."""
+    plane, ids = covered
+    url = plane.stack.url
+    # One worker: with two, hypothesis (6.170, on CPython 3.11) now and then fails inside itself
+    # ("Runtime Error: AST constructor recursion depth mismatch": two threads describe a lambda
+    # with Python's ast module at once). That is an error of the tool, not a finding; one worker
+    # never meets it and runs the same cases.
+    common = {"schema_token": plane.viewer, "phases": "coverage", "workers": 1}
+    runs = [
+        fuzz(url, tmp_path, name="coverage-anonymous", **common),
+        fuzz(url, tmp_path, name="coverage-operator",
+             headers={"Authorization": f"Token {plane.operator}"},
+             exclude_paths=["/api/v1/auth/token/"],
+             # Deleting the job the other cases work on would turn them into 404s.
+             exclude_operations=["DELETE /api/v1/jobs/{id}/"], parameters=ids,
+             # What else refuses a valid-looking request depends on stored data: the stages of
+             # a job with hosts, the hosts of another job, an override's stage names.
+             accept_valid=["POST /api/v1/jobs/", "POST /api/v1/jobs/{job_id}/hosts/"], **common),
+        fuzz(url, tmp_path, name="coverage-agent",
+             headers={"Authorization": f"Agent {plane.agent_token}"},
+             include_path_regex=AGENT_PATHS, parameters={"host_id": plane.host_id}, **common),
+    ]  # fmt: skip
+    assert_clean(runs)
+    assert all(run["phases"]["coverage"] == "success" for run in runs), runs
 
 
 @pytest.mark.soak

@@ -127,3 +127,49 @@ def test_known_tuning_options_are_kept(api, operator):
     )
     assert response.status_code == 201, response.content
     assert response.json()["tuning_options"] == {"online_epsilon": 0.05, "pretrain_steps": 50}
+
+
+def test_a_patch_with_a_stage_without_a_name_is_refused_and_changes_nothing(
+    api, operator, make_job
+):
+    # Found by schemathesis's coverage phase: it was a 500 (the partial update skipped the
+    # stage's required name, then the stage checks read it).
+    job = make_job(name="kept", stages=["read", "parse"])
+    body = {"name": "0", "description": "", "tuner": "intune", "decision_interval_s": 5.0,
+            "stages": [{"max_workers": 1, "memory_mb_per_worker": 0.0}], "tuning_options": {}}  # fmt: skip
+    response = api.as_user(operator).patch(f"/api/v1/jobs/{job.pk}/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["detail"].startswith("stages.0.name: every stage needs a name")
+    job.refresh_from_db()
+    assert job.name == "kept" and job.stage_names == ["read", "parse"]
+
+
+def post_job(api, operator, name: str, **fields):
+    body = {"name": name, "stages": [{"name": "read"}, {"name": "parse"}]} | fields
+    return api.as_user(operator).post("/api/v1/jobs/", body, format="json")
+
+
+def test_tuning_options_of_the_wrong_type_or_out_of_range_are_refused_naming_each(api, operator):
+    options = {"online_epsilon": "high", "gamma": 1.5, "online_batch_size": 0, "tau": 0.0}
+    response = post_job(api, operator, "bad-values", tuning_options=options)
+    assert response.status_code == 400
+    errors = response.json()["errors"]["tuning_options"]
+    assert set(errors) == set(options), errors
+    assert "must be a number" in str(errors["online_epsilon"])
+    assert "above 0" in str(errors["tau"]), "tau's lowest value is excluded"
+    assert not Job.objects.filter(name="bad-values").exists()
+
+
+def test_a_client_cannot_name_a_policy_file_or_a_network_width(api, operator):
+    for options in ({"policy": "/etc/passwd"}, {"policy": None}, {"hidden": 8}):
+        response = post_job(api, operator, "file-reader", tuning_options=options)
+        assert response.status_code == 400, (options, response.content)
+        assert "no tuner takes this option" in response.json()["detail"]
+
+
+def test_a_baseline_tuner_takes_only_the_control_planes_own_option(api, operator):
+    refused = post_job(api, operator, "lp-1", tuner="lp", tuning_options={"gamma": 0.5})
+    assert refused.status_code == 400
+    assert "takes no options" in refused.json()["detail"]
+    taken = post_job(api, operator, "lp-2", tuner="lp", tuning_options={"pretrain_steps": 10})
+    assert taken.status_code == 201, taken.content

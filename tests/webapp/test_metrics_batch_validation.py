@@ -79,3 +79,13 @@ def test_a_body_that_is_not_json_is_refused(api, job_and_host):
     response = post_raw(api, host, token, "samples=1")
     assert response.status_code == 400
     assert "JSON" in response.json()["detail"]
+
+
+def test_refusals_that_are_not_a_list_are_refused(api, job_and_host):
+    # Found by schemathesis's coverage phase: {} is falsy and was read as "no refusals".
+    _, host, token = job_and_host
+    for refused in ({}, "", 0):
+        body = {"samples": [], "allocation_status": {"applied_version": 0, "refused": refused}}
+        response = post_raw(api, host, token, json.dumps(body))
+        assert response.status_code == 400, (refused, response.content)
+        assert "allocation_status.refused: must be a list" in response.json()["detail"]

@@ -7,15 +7,15 @@ import time
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from webapp.ingestion.services import budget_summary
+from webapp.jobs.api.serializers import AllocationSerializer, active_override_data
 from webapp.jobs.models import Host, Job
-from webapp.tuning.services import active_override
 
 from . import queries
 from .alerts import Thresholds, host_alerts
@@ -34,8 +34,15 @@ def _number(request, name: str, default: float | None = None) -> float | None:
     return value
 
 
+# Unix seconds a datetime can hold, with room: up to the year 5138.
+LATEST_TS = 1e11
+
+
 def _since(request) -> float | None:
-    return _number(request, "since")
+    since = _number(request, "since")
+    if since is not None and not 0 <= since <= LATEST_TS:
+        raise ValidationError({"since": f"must be Unix seconds between 0 and {LATEST_TS:g}"})
+    return since
 
 
 class JobsSummaryView(APIView):
@@ -84,7 +91,7 @@ class JobHostsSummaryView(APIView):
                     {
                         "id": h.pk,
                         "name": h.name,
-                        "state": queries.host_state(h),
+                        "state": h.state,
                         "throughput": figures.get(h.pk, {}).get("throughput"),
                         "idle_fraction": figures.get(h.pk, {}).get("idle_fraction"),
                         "allocation_version": h.allocation_version,
@@ -102,7 +109,16 @@ class HostAllocationsView(APIView):
 
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "since",
+                {"type": "number", "minimum": 0, "maximum": LATEST_TS},
+                description="Unix seconds; default: all of it",
+            )
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
     def get(self, request, host_id: int):
         host = get_object_or_404(Host, pk=host_id)
         return Response(
@@ -120,38 +136,20 @@ class HostOverviewView(APIView):
     def get(self, request, host_id: int):
         host = get_object_or_404(Host.objects.select_related("job"), pk=host_id)
         newest = host.allocations.select_related("created_by").order_by("-version").first()
-        override = active_override(host)
         figures = queries.current_figures([host.pk]).get(host.pk)
         return Response(
             {
                 "id": host.pk,
                 "name": host.name,
-                "state": queries.host_state(host),
+                "state": host.state,
                 "last_seen": host.last_seen.timestamp() if host.last_seen else None,
                 "cpus": host.cpus,
                 "memory_mb": host.memory_mb,
                 "worker_budget": host.worker_budget,
                 "allocation_version": host.allocation_version,
                 "applied_version": host.applied_version,
-                "allocation": None
-                if newest is None
-                else {
-                    "version": newest.version,
-                    "workers": newest.workers,
-                    "source": newest.source,
-                    "status": newest.status,
-                    "refusal_reason": newest.refusal_reason,
-                    "created_by": newest.created_by.username if newest.created_by else None,
-                },
-                "override": None
-                if override is None
-                else {
-                    "workers": override.workers,
-                    "reason": override.reason,
-                    "created_by": override.created_by.username if override.created_by else None,
-                    "created_at": override.created_at.timestamp(),
-                    "expires_at": override.expires_at.timestamp() if override.expires_at else None,
-                },
+                "allocation": None if newest is None else AllocationSerializer(newest).data,
+                "override": active_override_data(host),
                 "limits": queries.stage_limits(host),
                 "budget": budget_summary(host),
                 "throughput": figures["throughput"] if figures else None,

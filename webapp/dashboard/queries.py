@@ -25,13 +25,6 @@ ALLOCATION_HISTORY_LIMIT = 2000
 RUNNING = (TuningSession.Status.RUNNING, TuningSession.Status.PRETRAINING)
 
 
-def host_state(host: Host) -> str:
-    """'new' (never reported), 'online', or 'offline' (silent past the threshold)."""
-    if host.last_seen is None:
-        return "new"
-    return "online" if host.is_online else "offline"
-
-
 def current_figures(host_ids: list[int], now: float | None = None) -> dict[int, dict]:
     """Each host's mean throughput and idle fraction over the last ``CURRENT_WINDOW_S``."""
     now = time.time() if now is None else now
@@ -77,7 +70,7 @@ def jobs_summary(now: float | None = None) -> list[dict]:
     summary = []
     for job in jobs:
         job_hosts = list(job.hosts.all())
-        states = [host_state(h) for h in job_hosts]
+        states = [h.state for h in job_hosts]
         reporting = [figures[h.pk] for h in job_hosts if h.pk in figures]
         running = [s for s in job.sessions.all() if s.status in RUNNING]
         overridden = sum(1 for h in job_hosts if h.pk in overrides)

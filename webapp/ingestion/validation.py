@@ -147,7 +147,8 @@ def validate_batch(body, stage_names: set[str], max_samples: int) -> dict:
     if status is not None:
         status = _object(status, "allocation_status")
         applied = status.get("applied_version")
-        refused = status.get("refused") or []
+        refused = status.get("refused")
+        refused = [] if refused is None else refused  # not `or []`: {} is not a list
         if not isinstance(refused, list) or len(refused) > 100:
             raise BatchError("allocation_status.refused: must be a list of at most 100 refusals")
         clean_refused = []

@@ -9,6 +9,8 @@ from django.db import models
 from django.utils import timezone
 
 AGENT_TOKEN_PREFIX = "ia_"
+# What a host is, as the API and the dashboard say it (``Host.state``).
+HOST_STATES = ("new", "online", "offline")
 
 # A job's tuning options that the control plane reads itself; the rest go to the tuner
 # (IntuneConfig fields).
@@ -119,6 +121,14 @@ class Host(models.Model):
             return False
         silent_for = (timezone.now() - self.last_seen).total_seconds()
         return silent_for <= settings.INTUNE["AGENT_OFFLINE_AFTER_S"]
+
+    @property
+    def state(self) -> str:
+        """One of ``HOST_STATES``: 'new' (never reported), 'online', or 'offline' (silent for
+        longer than ``AGENT_OFFLINE_AFTER_S``). The API and the dashboard both show this."""
+        if self.last_seen is None:
+            return "new"
+        return "online" if self.is_online else "offline"
 
 
 class Allocation(models.Model):

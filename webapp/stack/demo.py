@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from agents.logs import configure_logging
+
 from .embedded_redis import redis_url_or_embedded
 from .services import command
 from .supervisor import ProcessGroup, wait_until
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-agent", action="store_true", help="do not start the demo agent")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    configure_logging("INFO")
 
     var_dir = args.var_dir.resolve()
     var_dir.mkdir(parents=True, exist_ok=True)

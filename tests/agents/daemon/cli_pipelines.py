@@ -18,3 +18,18 @@ def build() -> Pipeline:
     return Pipeline(
         itertools.count(), [Stage("read", read), Stage("parse", parse, kind="thread")], queue_size=4
     )
+
+
+def build_whose_first_measurement_fails() -> Pipeline:
+    """``build()``, but its first ``metrics()`` raises: the agent logs a traceback for it."""
+    pipeline = build()
+    measure = pipeline.metrics
+    calls = itertools.count()
+
+    def metrics() -> list[dict]:
+        if next(calls) == 0:
+            raise RuntimeError("the first measurement fails (a test)")
+        return measure()
+
+    pipeline.metrics = metrics
+    return pipeline

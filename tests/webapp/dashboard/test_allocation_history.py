@@ -51,3 +51,12 @@ def test_a_since_that_is_not_a_number_is_refused_with_the_reason(client, viewer,
     response = client.get(f"/dashboard/api/hosts/{host.pk}/allocations/?since=yesterday")
     assert response.status_code == 400
     assert "since" in response.json()["detail"] and "Unix seconds" in response.json()["detail"]
+
+
+def test_a_since_no_date_can_hold_is_refused_not_a_server_error(client, viewer, job_and_host):
+    _, host, _ = job_and_host
+    client.force_login(viewer)
+    for since in ("6.84e16", "-1"):
+        response = client.get(f"/dashboard/api/hosts/{host.pk}/allocations/?since={since}")
+        assert response.status_code == 400, (since, response.content)
+        assert "since" in response.json()["detail"]

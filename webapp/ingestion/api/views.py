@@ -11,12 +11,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from webapp.ingestion import services
+from webapp.ingestion.api.schema import metrics_batch_serializer
 from webapp.ingestion.validation import BatchError, validate_batch
 from webapp.jobs.models import Host
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
 from webapp.throttles import AgentRateThrottle
-
-BATCH_EXAMPLE = "See docs/agent-protocol.md for the full format."
 
 
 def _query_float(request, name: str, default: float | None) -> float | None:
@@ -50,16 +49,7 @@ class HostMetricsView(APIView):
         return [AgentRateThrottle()] if self.request.method == "POST" else []
 
     @extend_schema(
-        request=inline_serializer(
-            "MetricsBatch",
-            {
-                "samples": serializers.ListField(
-                    child=serializers.DictField(), help_text=BATCH_EXAMPLE
-                ),
-                "allocation_status": serializers.DictField(required=False),
-                "dropped_samples": serializers.IntegerField(required=False, min_value=0),
-            },
-        ),
+        request=metrics_batch_serializer(),
         responses=inline_serializer(
             "MetricsBatchStored",
             {
@@ -97,12 +87,14 @@ class HostMetricsView(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "since", OpenApiTypes.FLOAT, description="Unix seconds; default an hour ago"
+                "since",
+                OpenApiTypes.DOUBLE,
+                description="Unix seconds, before until; default an hour before until",
             ),
-            OpenApiParameter("until", OpenApiTypes.FLOAT, description="Unix seconds; default now"),
+            OpenApiParameter("until", OpenApiTypes.DOUBLE, description="Unix seconds; default now"),
             OpenApiParameter(
                 "step",
-                OpenApiTypes.FLOAT,
+                {"type": "number", "minimum": 0, "exclusiveMinimum": True},
                 description="bucket width in seconds; widened to keep ~1000 points",
             ),
         ],

@@ -1,6 +1,5 @@
 from django.conf import settings
 from django.db import connection
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
@@ -15,6 +14,8 @@ from webapp.throttles import AgentRateThrottle
 
 from .serializers import AllocationSerializer
 
+MAX_VERSION = 2**31 - 1  # allocation versions are 32-bit in the database
+
 
 class HostAllocationView(APIView):
     """The host's newest allocation, for its agent: answered at once when a version newer than
@@ -28,11 +29,17 @@ class HostAllocationView(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "after", OpenApiTypes.INT, description="the version the agent has; default 0"
+                "after",
+                {"type": "integer", "minimum": 0, "maximum": MAX_VERSION},
+                description="the version the agent has; default 0",
             ),
             OpenApiParameter(
                 "wait",
-                OpenApiTypes.FLOAT,
+                {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": settings.INTUNE["LONG_POLL_MAX_WAIT_S"],
+                },
                 description="seconds to hold for a newer version; default 0",
             ),
         ],
@@ -43,7 +50,7 @@ class HostAllocationView(APIView):
     )
     def get(self, request, host_id: int):
         host: Host = request.auth
-        after = self._int_param(request, "after", 0, 0, 2**31 - 1)
+        after = self._int_param(request, "after", 0, 0, MAX_VERSION)
         max_wait = settings.INTUNE["LONG_POLL_MAX_WAIT_S"]
         wait = self._float_param(request, "wait", 0.0, 0.0, max_wait)
 
@@ -73,7 +80,8 @@ class HostAllocationView(APIView):
         raw = request.query_params.get(name)
         if raw is None:
             return default
-        if not raw.lstrip("-").isdigit() or not low <= int(raw) <= high:
+        # ASCII digits only: str.isdigit() is also true of "²", which int() refuses.
+        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
             raise ValidationError(
                 {name: f"must be an integer between {low} and {high}, got {raw!r}"}
             )

@@ -1,36 +1,54 @@
-import re
-
+from django.core.validators import MaxLengthValidator, MinLengthValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 import tuner as tuner_lib
-from webapp.jobs.models import CONTROL_PLANE_OPTIONS, Allocation, AuditEntry, Host, Job, Stage
+from webapp.jobs.api.tuning_options import TuningOptionsField
+from webapp.jobs.models import (
+    CONTROL_PLANE_OPTIONS,
+    HOST_STATES,
+    Allocation,
+    AuditEntry,
+    Host,
+    Job,
+    Stage,
+)
+from webapp.jobs.names import HOST_NAME, NON_EMPTY_TEXT, NOT_BLANK_TEXT, STAGE_NAME
 from webapp.jobs.services import budget_summary
 from webapp.strict_fields import (
+    FullMatch,
     StrictCharField,
     StrictFloatField,
     StrictIntegerField,
     StrictModelSerializer,
 )
 
-HOST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
-# A stage's name may also join fused stages with '+' ("read+parse": agents.pipeline.fusion).
-STAGE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$")
 # The largest primary key the database holds (a 64-bit integer); a bigger id is a 400, not a 500.
 MAX_ID = 2**63 - 1
+MAX_STAGES = 16  # what the tuner handles
+STAGES_MESSAGE = f"a pipeline has between 1 and {MAX_STAGES} stages (what the tuner handles)"
 
 
-def _holds_nul(value) -> bool:
-    """Whether a JSON value holds a NUL character anywhere (PostgreSQL cannot store one)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(v) for v in value)
-    return False
+# drf-spectacular writes a blank-allowed field with a pattern as oneOf [pattern, empty string]:
+# the pattern must not match the empty string too, or "" would match both (oneOf fails).
+@extend_schema_field({"type": "string", "pattern": NON_EMPTY_TEXT})
+class TextWithoutNul(StrictCharField):
+    """Text, blank allowed, without NUL (DRF's CharField refuses NUL; the schema says so too)."""
 
 
 class StageSerializer(StrictModelSerializer):
+    name = StrictCharField(
+        max_length=64,
+        trim_whitespace=False,  # " read" is not "read": the schema's pattern refuses both
+        validators=[
+            FullMatch(
+                STAGE_NAME,
+                "a stage name starts with a letter and has at most 64 letters, digits, '_', '.', "
+                "'-' or '+' (which joins fused stages)",
+            )
+        ],
+    )
     max_workers = StrictIntegerField(
         min_value=1, max_value=100_000, required=False, allow_null=True
     )
@@ -42,20 +60,42 @@ class StageSerializer(StrictModelSerializer):
         model = Stage
         fields = ["name", "max_workers", "memory_mb_per_worker"]
 
-    def validate_name(self, value: str) -> str:
-        if not STAGE_NAME.match(value):
+    def validate(self, attrs: dict) -> dict:
+        # A PATCH is partial, and DRF lets a partial update leave out any field, nested ones too;
+        # but stages sent in a PATCH replace them all, so each still needs its name.
+        if "name" not in attrs:
             raise serializers.ValidationError(
-                "a stage name starts with a letter and has at most 64 letters, digits, '_', '.', "
-                "'-' or '+' (which joins fused stages)"
+                {"name": "every stage needs a name (stages sent in a PATCH replace them all)"}
             )
-        return value
+        return attrs
 
 
 class JobSerializer(StrictModelSerializer):
-    stages = StageSerializer(many=True)
-    tuner = StrictCharField(default="intune")
+    name = StrictCharField(
+        max_length=100,
+        validators=[
+            FullMatch(NOT_BLANK_TEXT, "a job name is text of at most 100 characters, not blank"),
+            UniqueValidator(Job.objects.all(), message="a job with this name already exists"),
+        ],
+    )
+    description = TextWithoutNul(required=False, allow_blank=True)
+    # Validators rather than min_length/max_length: drf-spectacular writes them into the schema.
+    stages = serializers.ListSerializer(
+        child=StageSerializer(),
+        validators=[
+            MinLengthValidator(1, STAGES_MESSAGE),
+            MaxLengthValidator(MAX_STAGES, STAGES_MESSAGE),
+        ],
+    )
+    tuner = serializers.ChoiceField(
+        choices=tuner_lib.TUNER_NAMES,
+        default="intune",
+        error_messages={
+            "invalid_choice": f"unknown tuner {{input!r}}; choose one of {sorted(tuner_lib.TUNER_NAMES)}"
+        },
+    )
     decision_interval_s = StrictFloatField(min_value=0.5, max_value=3600, default=5.0)
-    tuning_options = serializers.DictField(required=False, default=dict)
+    tuning_options = TuningOptionsField(required=False, default=dict)
     hosts_online = serializers.SerializerMethodField()
     hosts_total = serializers.SerializerMethodField()
     tuning = serializers.SerializerMethodField()
@@ -69,10 +109,6 @@ class JobSerializer(StrictModelSerializer):
         read_only_fields = ["id", "created_at"]
 
     def validate_stages(self, stages: list[dict]) -> list[dict]:
-        if not 1 <= len(stages) <= 16:
-            raise serializers.ValidationError(
-                "a pipeline has between 1 and 16 stages (what the tuner handles)"
-            )
         names = [s["name"] for s in stages]
         if len(set(names)) != len(names):
             raise serializers.ValidationError(f"stage names must be unique, got {names}")
@@ -82,20 +118,6 @@ class JobSerializer(StrictModelSerializer):
                     "the stages of a job with registered hosts cannot change; register a new job"
                 )
         return stages
-
-    def validate_tuner(self, value: str) -> str:
-        if value not in tuner_lib.TUNER_NAMES:
-            raise serializers.ValidationError(
-                f"unknown tuner {value!r}; choose one of {sorted(tuner_lib.TUNER_NAMES)}"
-            )
-        return value
-
-    def validate_tuning_options(self, value: dict) -> dict:
-        if len(str(value)) > 4000:
-            raise serializers.ValidationError("tuning options are limited to 4000 characters")
-        if _holds_nul(value):
-            raise serializers.ValidationError("tuning options must not contain NUL characters")
-        return value
 
     def validate(self, attrs: dict) -> dict:
         """Refuse tuning options the chosen tuner does not take, now rather than when a session
@@ -107,8 +129,10 @@ class JobSerializer(StrictModelSerializer):
         tuner_options = {k: v for k, v in options.items() if k not in CONTROL_PLANE_OPTIONS}
         try:
             tuner_lib.make_tuner(tuner_name, stages, **tuner_options)
-        except (TypeError, ValueError) as exc:
-            raise serializers.ValidationError({"tuning_options": str(exc)}) from exc
+        except Exception as exc:  # whatever the tuner refuses, a session would fail on it later
+            raise serializers.ValidationError(
+                {"tuning_options": f"the {tuner_name} tuner cannot be made with these: {exc}"}
+            ) from exc
         return attrs
 
     def get_hosts_online(self, job: Job) -> int:
@@ -123,7 +147,10 @@ class JobSerializer(StrictModelSerializer):
 
 
 class AllocationSerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # null for the default allocation and the policy's: no person made them.
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Allocation
@@ -139,13 +166,43 @@ class AllocationSerializer(serializers.ModelSerializer):
         ]
 
 
+class ActiveOverrideSerializer(serializers.Serializer):
+    """The override in force on a host: the host's API (``override``) and the dashboard's host
+    panel both show it so."""
+
+    workers = serializers.DictField(child=serializers.IntegerField(), read_only=True)
+    reason = serializers.CharField(read_only=True)
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, allow_null=True
+    )
+    created_at = serializers.DateTimeField(read_only=True)
+    expires_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+def active_override_data(host: Host) -> dict | None:
+    """The host's override in force, rendered by :class:`ActiveOverrideSerializer`, or ``None``."""
+    override = host.overrides.in_force()  # tuning's relation: jobs does not import tuning
+    return None if override is None else ActiveOverrideSerializer(override).data
+
+
 class HostSerializer(StrictModelSerializer):
+    name = StrictCharField(
+        max_length=64,
+        trim_whitespace=False,  # " host-1" is not "host-1": the schema's pattern refuses both
+        validators=[
+            FullMatch(
+                HOST_NAME,
+                "a host name starts with a letter and has at most 64 letters, digits, '_', '.' "
+                "or '-'",
+            )
+        ],
+    )
     cpus = StrictFloatField(min_value=0.01, max_value=100_000)
     memory_mb = StrictFloatField(min_value=1, max_value=1e9)
     worker_budget = StrictIntegerField(
         min_value=1, max_value=100_000, required=False, allow_null=True
     )
-    state = serializers.SerializerMethodField()
+    state = serializers.ChoiceField(choices=HOST_STATES, read_only=True)
     allocation = serializers.SerializerMethodField()
     override = serializers.SerializerMethodField()
     budget = serializers.SerializerMethodField()
@@ -166,37 +223,19 @@ class HostSerializer(StrictModelSerializer):
             "created_at",
         ]
 
-    def get_state(self, host: Host) -> str:
-        if host.last_seen is None:
-            return "new"
-        return "online" if host.is_online else "offline"
-
+    @extend_schema_field(AllocationSerializer(allow_null=True))
     def get_allocation(self, host: Host) -> dict | None:
         newest = host.allocations.order_by("-version").first()
         return AllocationSerializer(newest).data if newest else None
 
+    @extend_schema_field(ActiveOverrideSerializer(allow_null=True))
     def get_override(self, host: Host) -> dict | None:
-        override = host.overrides.in_force()  # tuning's relation: jobs does not import tuning
-        if override is None:
-            return None
-        return {
-            "workers": override.workers,
-            "reason": override.reason,
-            "created_by": override.created_by.username if override.created_by else None,
-            "created_at": override.created_at,
-            "expires_at": override.expires_at,
-        }
+        return active_override_data(host)
 
-    def get_budget(self, host: Host) -> dict:
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_budget(self, host: Host) -> dict | None:
         """The budget in its terms (agents.budget): CPU slots, CPU used, memory, per stage."""
         return budget_summary(host)
-
-    def validate_name(self, value: str) -> str:
-        if not HOST_NAME.match(value):
-            raise serializers.ValidationError(
-                "a host name starts with a letter and has at most 64 letters, digits, '_', '.' or '-'"
-            )
-        return value
 
 
 class HostRegisteredSerializer(HostSerializer):

@@ -1,7 +1,12 @@
 from django.contrib.auth import authenticate
 from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import ValidationError
@@ -154,6 +159,21 @@ class HostDetailView(generics.RetrieveAPIView):
     lookup_url_kwarg = "host_id"
 
 
+def id_parameter(name: str, description: str) -> OpenApiParameter:
+    """A query parameter holding a database id, as the list views check it."""
+    return OpenApiParameter(
+        name, {"type": "integer", "minimum": 0, "maximum": MAX_ID}, description=description
+    )
+
+
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            id_parameter("job", "only changes to this job"),
+            id_parameter("host", "only changes to this host"),
+        ]
+    )
+)
 class AuditView(generics.ListAPIView):
     """Every change people made, newest first; filter with ?job= or ?host=."""
 

@@ -1,7 +1,15 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from webapp.jobs.api.serializers import MAX_ID
-from webapp.strict_fields import StrictCharField, StrictIntegerField, StrictModelSerializer
+import tuner as tuner_lib
+from webapp.jobs.api.serializers import MAX_ID, MAX_STAGES
+from webapp.jobs.names import NOT_BLANK_TEXT
+from webapp.strict_fields import (
+    FullMatch,
+    StrictCharField,
+    StrictIntegerField,
+    StrictModelSerializer,
+)
 from webapp.tuning.models import Decision, Override, TuningSession
 
 
@@ -28,7 +36,13 @@ class TuningSessionSerializer(serializers.ModelSerializer):
 
 
 class TuningStartSerializer(serializers.Serializer):
-    tuner = StrictCharField(required=False)
+    tuner = serializers.ChoiceField(
+        choices=tuner_lib.TUNER_NAMES,
+        required=False,
+        error_messages={
+            "invalid_choice": f"unknown tuner {{input!r}}; choose one of {sorted(tuner_lib.TUNER_NAMES)}"
+        },
+    )
     max_steps = StrictIntegerField(required=False, min_value=1, max_value=1_000_000)
     hosts = serializers.ListField(
         child=StrictIntegerField(min_value=1, max_value=MAX_ID), required=False, max_length=10_000
@@ -47,11 +61,34 @@ class DecisionSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
+# webapp.jobs.services.validate_allocation checks the counts (with messages that name the stage
+# and the limit); the schema says the same of each count.
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 100_000},
+        "minProperties": 1,
+        "maxProperties": MAX_STAGES,
+        "description": "workers for every stage of the job, by stage name, within the host's "
+        "budget",
+    }
+)
+class WorkersField(serializers.DictField):
+    """An allocation: stage name -> worker count."""
+
+    child = serializers.JSONField()
+
+
 class OverrideSerializer(StrictModelSerializer):
-    workers = serializers.DictField(child=serializers.JSONField())
-    reason = StrictCharField(max_length=2000)
+    workers = WorkersField()
+    reason = StrictCharField(
+        max_length=2000,
+        validators=[FullMatch(NOT_BLANK_TEXT, "say why you override the policy")],
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     version = serializers.IntegerField(source="allocation.version", read_only=True)
 
     class Meta:

@@ -1,5 +1,5 @@
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_view, inline_serializer
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
@@ -7,6 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from webapp.jobs.api.serializers import MAX_ID
+from webapp.jobs.api.views import id_parameter
 from webapp.jobs.models import Host, Job
 from webapp.permissions import IsOperatorOrReadOnly
 from webapp.tuning import services
@@ -70,6 +71,9 @@ class JobTuningView(APIView):
         return Response({"stopped": services.stop_tuning(job, request.user)})
 
 
+@extend_schema_view(
+    get=extend_schema(parameters=[id_parameter("session", "only this tuning session's decisions")])
+)
 class HostDecisionsView(generics.ListAPIView):
     """The policy's decisions on a host, newest first, paginated; ?session= filters."""
 
