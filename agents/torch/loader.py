@@ -35,10 +35,10 @@ from agents.torch.steps import (
     EpochEnd,
     Fetch,
     Item,
-    Opaque,
     Read,
     Step,
     WorkerSetup,
+    restore,
     stage_names,
 )
 
@@ -166,7 +166,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._iterable:
             reader_setup = WorkerSetup(self.dataset, base_seed, 1, self.worker_init_fn, fixed_id=0)
             read = Read(self.dataset, self.batch_size, self.drop_last, reader_setup)
-            stages = [Stage("read", read, workers=1, max_workers=1)]
+            stages = [Stage("read", read, workers=1, max_workers=1, shm_min_bytes=1)]
         else:
             stages = [self._stage("fetch", Step(Fetch(self.dataset, batched), setup), workers)]
         for name, fn in self._transforms:
@@ -199,7 +199,10 @@ class DataLoader(torch.utils.data.DataLoader):
     def _stage(self, name: str, fn: Callable, workers: int | None = None) -> Stage:
         ceiling = self._max_workers
         count = max(1, self.num_workers) if workers is None else workers
-        return Stage(name, fn, workers=min(count, ceiling or count), max_workers=ceiling)
+        # shm_min_bytes=1: every tensor through the runtime's shared memory (see steps.py).
+        return Stage(
+            name, fn, workers=min(count, ceiling or count), max_workers=ceiling, shm_min_bytes=1
+        )
 
     @property
     def pipeline(self) -> Pipeline:
@@ -379,8 +382,7 @@ class _EpochIterator:
             self._stats.taken(0, batch=False)
             self._finish()
             raise StopIteration
-        if isinstance(payload, Opaque):
-            payload = payload.payload
+        payload = restore(payload)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 

@@ -5,6 +5,13 @@ belongs to (a persistent pipeline serves several, and drops what is left of an a
 one), how many samples it carries (for samples/s), and the payload: indices, then a list of
 samples, then a batch. An ``EpochEnd`` payload marks the end of an epoch; it passes through
 every stage untouched and tells the consumer to stop.
+
+Payloads travel through the runtime's shared memory (``shm_min_bytes=1``), never by torch's
+own tensor pickling: that shares each tensor as a file descriptor that the receiver fetches
+from the sending process later, and a worker retired by a live resize may have exited by
+then (the item is lost). The runtime's packer rebuilds plain tuples, lists and dicts, so a
+payload holding a named tuple (or ``torch.Size``, ``OrderedDict``, ...) is sent with its
+types written down (``shareable``) and rebuilt on arrival (``restore``).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,14 +34,6 @@ class EpochEnd:
     """The payload that ends an epoch."""
 
     epoch: int
-
-
-@dataclass(frozen=True)
-class Opaque:
-    """A payload sent by pickle (torch's own shared-memory reductions) rather than walked by
-    the runtime's shared-memory packer, which would turn a named tuple into a plain tuple."""
-
-    payload: Any
 
 
 @dataclass
@@ -133,8 +133,7 @@ class Step:
         if isinstance(payload, EpochEnd):
             return item
         self.setup.ensure()
-        if isinstance(payload, Opaque):
-            payload = payload.payload
+        payload = restore(payload)
         if self.per_sample and self.batched:
             payload = [self.fn(sample) for sample in payload]
         else:
@@ -183,22 +182,70 @@ class Read:
         return epoch, len(samples), shareable(samples)
 
 
+_TYPED = "__intune_typed__"  # a payload whose containers' types are written down
+_CLASS = "__intune_class__"  # one such container
+
+
 def shareable(payload: Any) -> Any:
-    """The payload, wrapped in ``Opaque`` when it holds a named tuple (see ``Opaque``)."""
-    return Opaque(payload) if _holds_named_tuple(payload) else payload
+    """The payload, ready for the runtime's shared memory: unchanged when it holds only plain
+    tuples, lists and dicts (the usual case, checked on its first sample), else with the type
+    of every other container written down."""
+    if not _holds_subclass(payload):
+        return payload
+    return {_TYPED: _encode(payload)}
 
 
-def _holds_named_tuple(obj: Any, depth: int = 0) -> bool:
-    if isinstance(obj, tuple):
-        if type(obj) is not tuple:
-            return True
-        return depth < 4 and any(_holds_named_tuple(v, depth + 1) for v in obj)
-    if isinstance(obj, list):
-        # A list of samples: they share their structure, so the first one tells.
-        return depth < 4 and bool(obj) and _holds_named_tuple(obj[0], depth + 1)
+def restore(payload: Any) -> Any:
+    """The payload ``shareable`` was given."""
+    if type(payload) is dict and _TYPED in payload:
+        return _decode(payload[_TYPED])
+    return payload
+
+
+def _holds_subclass(obj: Any, depth: int = 0) -> bool:
+    kind = type(obj)
+    if kind in (tuple, list, dict):
+        if depth > 4 or not obj:
+            return False
+        if kind is list:  # a list of samples: they share their structure, the first one tells
+            return _holds_subclass(obj[0], depth + 1)
+        values = obj.values() if kind is dict else obj
+        return any(_holds_subclass(v, depth + 1) for v in values)
+    return isinstance(obj, tuple | list | dict)
+
+
+def _encode(obj: Any) -> Any:
+    kind = type(obj)
+    if kind is list:
+        return [_encode(v) for v in obj]
+    if kind is tuple:
+        return tuple(_encode(v) for v in obj)
+    if kind is dict:
+        return {k: _encode(v) for k, v in obj.items()}
+    if isinstance(obj, tuple | list):
+        return {_CLASS: kind, "values": [_encode(v) for v in obj]}
     if isinstance(obj, dict):
-        return depth < 4 and any(_holds_named_tuple(v, depth + 1) for v in obj.values())
-    return False
+        factory = obj.default_factory if isinstance(obj, defaultdict) else None
+        return {_CLASS: kind, "items": {k: _encode(v) for k, v in obj.items()}, "factory": factory}
+    return obj
+
+
+def _decode(obj: Any) -> Any:
+    kind = type(obj)
+    if kind is list:
+        return [_decode(v) for v in obj]
+    if kind is tuple:
+        return tuple(_decode(v) for v in obj)
+    if kind is not dict:
+        return obj
+    if _CLASS not in obj:
+        return {k: _decode(v) for k, v in obj.items()}
+    cls = obj[_CLASS]
+    if "values" in obj:
+        values = [_decode(v) for v in obj["values"]]
+        return cls(*values) if hasattr(cls, "_fields") else cls(values)
+    items = {k: _decode(v) for k, v in obj["items"].items()}
+    return cls(obj["factory"], items) if issubclass(cls, defaultdict) else cls(items)
 
 
 def stage_names(transforms: Any, reserved: Sequence[str]) -> list[tuple[str, Callable]]:

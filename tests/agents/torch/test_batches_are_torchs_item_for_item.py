@@ -1,5 +1,7 @@
 """agents.torch.DataLoader gives torch's batches, in torch's order, whatever its workers."""
 
+from collections import OrderedDict, defaultdict, namedtuple
+
 import pytest
 import torch
 import torch.utils.data as tud
@@ -187,9 +189,41 @@ def _negated_collate(batch_size):
 
 def test_an_iterable_dataset_that_splits_by_worker_info_is_read_whole(datasets, same_epoch):
     dataset = datasets.Counting(17)
-    ours = DataLoader(dataset, batch_size=4, num_workers=3, persistent_workers=True)
+    ours = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
     try:
         for _ in range(2):
             same_epoch(ours, tud.DataLoader(dataset, batch_size=4, num_workers=1))
+    finally:
+        ours.close()
+
+
+Point = namedtuple("Point", ["x", "y"])
+
+
+class Containers(tud.Dataset):
+    """Samples in containers the runtime's shared memory does not rebuild by itself."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        counts = defaultdict(int, {"i": i})
+        return Point(torch.full((3000,), i), OrderedDict(size=torch.Size([i, 2]), counts=counts))
+
+
+def as_list(samples):
+    return samples
+
+
+@pytest.mark.parametrize("fuse", ["auto", None])
+def test_samples_keep_their_container_types_from_stage_to_stage(same_epoch, fuse):
+    ours = DataLoader(Containers(), batch_size=6, num_workers=2, collate_fn=as_list,
+                      transforms=[lambda sample: sample], fuse=fuse)  # fmt: skip
+    try:
+        batches = list(ours)
+        same_epoch(batches, tud.DataLoader(Containers(), batch_size=6, collate_fn=as_list))
+        point = batches[1][2]
+        assert type(point) is Point and point.y["counts"]["missing"] == 0
+        assert point.y["size"] == torch.Size([8, 2]) and type(point.y["size"]) is torch.Size
     finally:
         ours.close()
