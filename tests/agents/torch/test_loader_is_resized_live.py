@@ -113,8 +113,8 @@ def test_the_agent_reports_the_loader_and_its_allocations_apply_across_epochs():
             wait_for(lambda: len(host.samples) >= 5, what="samples")
         finally:
             stop.set()
+            trainer.join(10)  # it ends the epoch it is in
             agent.stop()
-            trainer.join(10)
             loader.close()
     assert set(epochs) == {50}, "every epoch delivered every batch"
     sample = host.samples[max(host.samples)]
