@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import namedtuple
-
 from types import SimpleNamespace
 
 import pytest

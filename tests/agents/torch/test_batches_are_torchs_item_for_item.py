@@ -10,10 +10,14 @@ from agents.torch import DataLoader
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize(("batch_size", "drop_last"), [(1, False), (7, False), (7, True), (64, False)])
+@pytest.mark.parametrize(
+    ("batch_size", "drop_last"), [(1, False), (7, False), (7, True), (64, False)]
+)
 def test_sequential_batches_are_torchs(datasets, same_epoch, num_workers, batch_size, drop_last):
     dataset = datasets.Squares(50)
-    loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers
+    )
     try:
         same_epoch(loader, tud.DataLoader(dataset, batch_size=batch_size, drop_last=drop_last))
     finally:

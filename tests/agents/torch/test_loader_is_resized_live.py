@@ -51,12 +51,14 @@ def test_resizing_every_few_batches_loses_and_repeats_nothing(same_epoch, persis
                         batch_transforms=[plus_one], timeout=30)  # fmt: skip
     expected = [b + 1 for b in tud.DataLoader(dataset, batch_size=5)]
     try:
-        for epoch in range(2):
+        for _epoch in range(2):
             got = []
             for k, batch in enumerate(loader):
                 got.append(batch)
                 if k % 25 == 0:
-                    loader.apply({"fetch+collate": 1 + (k // 25) % 4, "plus_one": 1 + (k // 25) % 2})
+                    loader.apply(
+                        {"fetch+collate": 1 + (k // 25) % 4, "plus_one": 1 + (k // 25) % 2}
+                    )
             same_epoch(got, expected)
     finally:
         loader.close()
@@ -89,7 +91,9 @@ def test_a_bad_allocation_is_refused_and_changes_nothing(datasets):
 
 
 def test_the_agent_reports_the_loader_and_its_allocations_apply_across_epochs():
-    loader = DataLoader(Small(400, ms=0.2), batch_size=8, num_workers=1, batch_transforms=[plus_one])
+    loader = DataLoader(
+        Small(400, ms=0.2), batch_size=8, num_workers=1, batch_transforms=[plus_one]
+    )
     stop = threading.Event()
     epochs = []
 

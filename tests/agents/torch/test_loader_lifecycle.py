@@ -17,7 +17,8 @@ class Slow(tud.Dataset):
     """Item i after ``ms`` milliseconds (``stall_at``: that item takes ``stall_s`` instead)."""
 
     def __init__(self, n=40, ms=5.0, stall_at=None, stall_s=0.0, fail_at=None):
-        self.n, self.ms, self.stall_at, self.stall_s, self.fail_at = n, ms, stall_at, stall_s, fail_at
+        self.n, self.ms, self.fail_at = n, ms, fail_at
+        self.stall_at, self.stall_s = stall_at, stall_s
 
     def __len__(self):
         return self.n
@@ -106,7 +107,9 @@ def test_workers_draw_different_random_numbers_as_torchs_are_seeded_apart():
 
 
 def test_a_wait_past_timeout_raises_torchs_error():
-    loader = DataLoader(Slow(20, ms=1, stall_at=9, stall_s=3.0), batch_size=4, num_workers=1, timeout=0.5)
+    loader = DataLoader(
+        Slow(20, ms=1, stall_at=9, stall_s=3.0), batch_size=4, num_workers=1, timeout=0.5
+    )
     batches = iter(loader)
     try:
         assert int(next(batches)[0]) == 0
@@ -122,7 +125,9 @@ def test_a_wait_past_timeout_raises_torchs_error():
 def test_a_failing_sample_raises_naming_the_stage_and_the_error():
     loader = DataLoader(Slow(20, ms=0, fail_at=6), batch_size=4, num_workers=2)
     got = []
-    with pytest.raises(StageFailed, match=r"stage 'fetch\+collate' failed.*KeyError: 'no row 6'") as caught:
+    with pytest.raises(
+        StageFailed, match=r"stage 'fetch\+collate' failed.*KeyError: 'no row 6'"
+    ) as caught:
         for batch in loader:
             got.append(batch)
     assert isinstance(caught.value, RuntimeError)
@@ -131,11 +136,13 @@ def test_a_failing_sample_raises_naming_the_stage_and_the_error():
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-def test_leaving_an_epoch_early_then_starting_again_gives_a_whole_epoch(datasets, same_epoch, persistent):
+def test_leaving_an_epoch_early_then_starting_again_gives_a_whole_epoch(
+    datasets, same_epoch, persistent
+):
     dataset = datasets.Squares(60)
     loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
     try:
-        for taken, batch in enumerate(loader):
+        for taken, _batch in enumerate(loader):
             if taken == 2:
                 break
         same_epoch(loader, tud.DataLoader(dataset, batch_size=4))

@@ -1,0 +1,1 @@
+"""Benchmarks: commands that measure the system and print (and save) their figures."""
