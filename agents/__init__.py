@@ -1,6 +1,7 @@
 """InTune's trainer-host side: the pipeline runtime, the DLRM workload and the agent.
 
-Attach the agent to your own training script in five lines::
+Attach the agent to your own training script in five lines (or use ``agents.DataLoader``,
+a drop-in ``torch.utils.data.DataLoader`` whose stages the agent resizes)::
 
     from agents import attach
     agent = attach(pipeline, url="http://intune:8000", host_id=3, token="ia_...")
@@ -18,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agents.daemon.agent import Agent
 
-__all__ = ["attach"]
+__all__ = ["DataLoader", "attach"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``agents.DataLoader`` imports torch on first use only: ``import agents`` (the agent,
+    # the pipeline runtime's workers) stays light.
+    if name == "DataLoader":
+        from agents.torch import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'agents' has no attribute {name!r}")
 
 
 def attach(

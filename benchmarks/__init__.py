@@ -9,7 +9,10 @@ Run from the repository root (``make bench`` runs the first):
 - ``python -m benchmarks.allocation_latency``: from a stored allocation to the agent applying it;
 - ``python -m benchmarks.online_tuning``: InTune on this host's DLRM pipeline against the best
   allocation;
-- ``python -m benchmarks.dashboard``: the job page's server time on a day of samples.
+- ``python -m benchmarks.dashboard``: the job page's server time on a day of samples;
+- ``python -m benchmarks.io_budget``: the I/O-bound pipeline's best allocation under the old
+  and the new worker budget;
+- ``python -m benchmarks.dataloader``: ``agents.torch.DataLoader`` against torch's DataLoader.
 
 Figures and the exact commands are in docs/benchmarks.md. The stacks they start come from
 ``tests.support`` (the live stack, the stand-in control plane), which the tests use too.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 NUM_DENSE = 13
 NUM_SPARSE = 26
 FIELDS = 1 + NUM_DENSE + NUM_SPARSE  # label, I1..I13, C1..C26
@@ -19,3 +22,9 @@ DEFAULT_TABLE_SIZES = [min(c, TABLE_SIZE_CAP) for c in CRITEO_CARDINALITIES]
 # The stages of the DLRM ingestion pipeline, in order: the one list the workload builds its
 # stages from, and the web app's demo job and the tests register.
 STAGE_NAMES = ["read", "parse", "transform", "collate", "prefetch"]
+
+
+def cache_dir() -> Path:
+    """Where generated datasets (and indexes of read-only raw folders) are kept:
+    ``$INTUNE_CACHE`` or ``~/.cache/intune``."""
+    return Path(os.environ.get("INTUNE_CACHE", Path.home() / ".cache" / "intune"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -18,19 +17,15 @@ from typing import Any
 # (a live resize) can crash the process.
 import torch  # noqa: F401
 
+from agents.dlrm import raw
 from agents.dlrm.generate import INDEX_FILE, DatasetSpec, generate, load_index
-from agents.dlrm.schema import DEFAULT_TABLE_SIZES, STAGE_NAMES
+from agents.dlrm.schema import DEFAULT_TABLE_SIZES, STAGE_NAMES, cache_dir
 from agents.dlrm.stages import Prefetch, ReadTask, Transform, chunk_tasks, collate, parse, read
 from agents.pipeline import Pipeline, Stage, fuse_groups
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNKS = 32
-
-
-def cache_dir() -> Path:
-    """Where generated datasets are kept: ``$INTUNE_CACHE`` or ``~/.cache/intune``."""
-    return Path(os.environ.get("INTUNE_CACHE", Path.home() / ".cache" / "intune"))
 
 
 def ensure_dataset(
@@ -78,50 +73,78 @@ def build_pipeline(
     compress: bool = True,
     max_workers: int | None = None,
     fuse: str | Sequence[str] | None = None,
+    bad_lines: str = "error",
     **options: Any,
 ) -> Pipeline:
     """Build the DLRM ingestion pipeline over a Criteo-format dataset.
 
     With no ``data_dir`` a seeded dataset (``rows`` lines, default 32 batches) is generated
     once in ``cache_dir()``. A batch is one chunk of the dataset, so ``batch_size`` must match
-    the dataset's ``rows_per_chunk``. ``epochs=None`` cycles over the data until stopped.
+    the dataset's ``rows_per_chunk``. A ``data_dir`` without our generator's ``index.json``
+    is a folder of Criteo files as they come (``.tsv``, ``.txt``, ``.gz``): it is indexed once
+    in batches of ``batch_size`` lines (``agents.dlrm.raw``, which says what reading them
+    costs), and a malformed line stops the pipeline naming the file and line
+    (``bad_lines="error"``) or is skipped and counted (``"skip"``; the count is
+    ``pipeline.bad_lines.count``). ``epochs=None`` cycles over the data until stopped.
     Stages: read, parse, transform, collate (processes) and prefetch (a thread that hands the
     batch to ``device``). ``fuse`` runs neighbouring stages in one worker
     (``"read+parse+transform+collate"``; see ``agents.pipeline.fusion``); ``workers`` then
     names the fused stage. Extra ``options`` go to ``Pipeline``.
     """
-    # The stages first: a wrong fusion or count is refused before any data is generated.
     transform = Transform(tuple(table_sizes or DEFAULT_TABLE_SIZES), multi_hot)
-    *process_stages, prefetch = STAGE_NAMES
-    stages = [
-        Stage(name, fn, max_workers=max_workers)
-        for name, fn in zip(process_stages, (read, parse, transform, collate), strict=True)
-    ]
-    # A thread: it unpacks the batch where the trainer lives and moves it to the device.
-    stages.append(
-        Stage(prefetch, Prefetch(device), kind="thread", max_workers=min(max_workers or 4, 4))
-    )
-    stages = fuse_groups(stages, fuse)
-    names = [s.name for s in stages]
-    unknown = sorted(set(workers or {}) - set(names))
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; this DLRM pipeline's stages are {names}")
-    # replace() runs the stage's own checks on the count.
-    stages = [
-        dataclasses.replace(s, workers=(workers or {}).get(s.name, s.workers)) for s in stages
-    ]
-    if data_dir is None:
-        data_dir = ensure_dataset(rows, batch_size, seed, compress)
-    index = load_index(data_dir)
-    chunk_rows = int(index["spec"]["rows_per_chunk"])
-    if chunk_rows != batch_size:
-        raise ValueError(
-            f"{data_dir} holds chunks of {chunk_rows} rows but batch_size is {batch_size}; "
-            f"pass batch_size={chunk_rows} or generate a dataset with --rows-per-chunk "
-            f"{batch_size}"
-        )
-    tasks = chunk_tasks(data_dir, index)
-    return Pipeline(
+    bad = raw.BadLines(bad_lines)
+
+    read_name, parse_name, transform_name, collate_name, prefetch_name = STAGE_NAMES
+
+    def stages_of(read_fn: Any, parse_fn: Any, read_ceiling: int | None) -> list[Stage]:
+        stages = [
+            Stage(read_name, read_fn, max_workers=read_ceiling),
+            Stage(parse_name, parse_fn, max_workers=max_workers),
+            Stage(transform_name, transform, max_workers=max_workers),
+            Stage(collate_name, collate, max_workers=max_workers),
+            # A thread: it unpacks the batch where the trainer lives and moves it to the device.
+            Stage(
+                prefetch_name,
+                Prefetch(device),
+                kind="thread",
+                max_workers=min(max_workers or 4, 4),
+            ),
+        ]
+        stages = fuse_groups(stages, fuse)
+        names = [s.name for s in stages]
+        unknown = sorted(set(workers or {}) - set(names))
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; this DLRM pipeline's stages are {names}")
+        # replace() runs the stage's own checks on the count.
+        return [
+            dataclasses.replace(s, workers=(workers or {}).get(s.name, s.workers)) for s in stages
+        ]
+
+    # The stages first: a wrong fusion or count is refused before any data is generated or read.
+    stages = stages_of(read, parse, max_workers)
+    chunks = None
+    if data_dir is not None and not (Path(data_dir) / INDEX_FILE).exists():
+        chunks = raw.load_or_build_index(data_dir, batch_size)
+        # Single-member gzip files are inflated in order, by one reader that keeps its place.
+        ceiling = 1 if chunks.sequential else max_workers
+        if chunks.sequential:
+            log.info("%s holds gzip files of one member: one worker reads them", data_dir)
+        stages = stages_of(raw.RawReader(), raw.RawParse(bad), ceiling)
+    if chunks is not None:
+        tasks: list[Any] = chunks.chunks
+    else:
+        if data_dir is None:
+            data_dir = ensure_dataset(rows, batch_size, seed, compress)
+        index = load_index(data_dir)
+        chunk_rows = int(index["spec"]["rows_per_chunk"])
+        if chunk_rows != batch_size:
+            raise ValueError(
+                f"{data_dir} holds chunks of {chunk_rows} rows but batch_size is {batch_size}; "
+                f"pass batch_size={chunk_rows} or generate a dataset with --rows-per-chunk "
+                f"{batch_size}"
+            )
+        tasks = chunk_tasks(data_dir, index)
+    pipeline = Pipeline(
         lambda: _source(tasks, epochs),
         stages,
         queue_size=queue_size,
@@ -130,3 +153,5 @@ def build_pipeline(
         samples_per_item=batch_size,
         **options,
     )
+    pipeline.bad_lines = bad  # how many malformed lines were skipped (raw files)
+    return pipeline

@@ -1,0 +1,581 @@
+"""``agents.torch.DataLoader``: torch's DataLoader, run as a live-resizable pipeline.
+
+It is a ``torch.utils.data.DataLoader`` (a subclass: torch's constructor checks the arguments
+and builds the sampler, the batch sampler and the default collate function, so the order and
+the batches are torch's), whose iteration runs on ``agents.pipeline``:
+
+    source: the batch sampler's index lists (in the loader's process)
+    fetch:  [dataset[i] for i in indices]            one process stage
+    ...     each of ``transforms`` on every sample   one stage each
+    collate: collate_fn(samples)                     one process stage
+    ...     each of ``batch_transforms`` on a batch  one stage each
+
+Each stage has its own workers, resized live by ``apply()`` (the agent's allocations) without
+losing or repeating a batch; batches reach the consumer in the sampler's order. An
+``IterableDataset`` is read by one worker, ``read`` (see ``agents.torch.steps.Read``).
+The loader answers ``agents.attach`` as a ``Pipeline`` does; its allocation outlives epochs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from agents.pipeline import Pipeline, Stage, StageFailed, fuse_groups
+from agents.pipeline.worker import POLL_S
+from agents.torch.steps import (
+    EpochEnd,
+    Fetch,
+    Item,
+    Read,
+    Step,
+    WorkerSetup,
+    restore,
+    stage_names,
+)
+
+Transforms = Sequence[Callable[[Any], Any]] | Mapping[str, Callable[[Any], Any]] | None
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A drop-in ``torch.utils.data.DataLoader`` whose workers InTune resizes live.
+
+    Takes torch's arguments, with their meaning, and these differences:
+
+    - ``num_workers`` is the starting allocation: every stage starts with that many workers
+      (at least one; ``0`` runs one worker per stage, not the loading in this process).
+    - ``transforms``: functions applied to each sample after ``fetch`` (a list, named after
+      the functions, or a mapping of name to function); ``batch_transforms``: functions
+      applied to each batch after ``collate``, each a stage of its own, so that a chain of
+      transforms gives the tuner one lever per step.
+    - ``fuse``: which neighbouring stages run in one worker (``agents.pipeline.fusion``).
+      ``"auto"`` (the default) fuses the per-sample steps, ``fetch``, ``transforms`` and
+      ``collate``, as torch's workers run them: a list of samples is costly to hand from one
+      process to the next (every tensor in it travels on its own), a batch is not. So each
+      batch transform is a lever of its own. ``None`` makes every step a stage (worth it for
+      samples of a few large arrays); or name groups, e.g. ``"fetch+decode,augment+collate"``.
+    - ``max_workers``: the most workers a stage may get (default 128).
+    - Batches always come in the sampler's order (``in_order=False`` is accepted, and
+      ignored). One iteration runs at a time: ``iter()`` ends the previous one.
+    - ``persistent_workers``: one pipeline serves every epoch; otherwise each epoch starts
+      its own, as torch starts workers per epoch. Workers are seeded and call
+      ``worker_init_fn`` as torch's do (see ``agents.torch.steps.WorkerSetup``).
+    - An ``IterableDataset`` is iterated once per epoch by one worker (the ``read`` stage,
+      which ``get_worker_info()`` tells it is worker 0 of 1), not replicated per worker: its
+      batches are those of torch with ``num_workers=0``. Put per-sample work in
+      ``transforms`` to spread it over workers.
+    - A failing stage raises ``agents.pipeline.StageFailed`` (a ``RuntimeError`` naming the
+      stage, with the worker's traceback); ``timeout`` raises torch's ``RuntimeError``.
+
+    For ``agents.attach`` it offers a ``Pipeline``'s ``stage_names``, ``stages``,
+    ``allocation``, ``apply()``, ``metrics()`` and ``consumer_stats()``; ``pipeline`` is the
+    current epoch's ``Pipeline``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        transforms: Transforms = None,
+        batch_transforms: Transforms = None,
+        fuse: str | Sequence[str] | None = "auto",
+        max_workers: int | None = None,
+    ) -> None:
+        super().__init__(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        self._iterable = self._dataset_kind == torch.utils.data.dataloader._DatasetKind.Iterable
+        self._transforms = stage_names(transforms, ["fetch", "read", "collate"])
+        taken = ["fetch", "read", "collate"] + [name for name, _ in self._transforms]
+        self._batch_transforms = stage_names(batch_transforms, taken)
+        self._fuse = fuse
+        self._max_workers = max_workers
+        self._start_method = _start_method(multiprocessing_context)
+        self._worker_counter = multiprocessing.get_context(self._start_method).Value("i", 0)
+        # In flight per queue: as many batches as torch keeps outstanding over all workers.
+        self._queue_size = max(2, (prefetch_factor or 2) * max(1, num_workers))
+        self._pin = pin_memory and _accelerator_available()
+        if self._iterable:
+            # The reader is worker 0; the other stages' workers count from 1.
+            self._worker_counter.value = 1
+        self._lock = threading.RLock()
+        self._epoch = 0
+        self._base_seed: int | None = None
+        self._plans: _Plans | None = None
+        self._epoch_iterator: _EpochIterator | None = None
+        self._receiver: _Receiver | None = None
+        self._stats = _ConsumerStats()
+        self._allocation: dict[str, int] = {}
+        # The current epoch's pipeline (unstarted between epochs): the agent's handle.
+        self._pipeline = self._build_pipeline(base_seed=0)
+        self._allocation = self._pipeline.allocation
+
+    # ----------------------------------------------------------------- the pipeline
+
+    def _build_pipeline(self, base_seed: int) -> Pipeline:
+        """A pipeline of this loader's stages, seeded with ``base_seed``, not started."""
+        workers = max(1, self.num_workers)
+        setup = WorkerSetup(
+            self.dataset,
+            base_seed,
+            num_workers=workers,
+            worker_init_fn=self.worker_init_fn,
+            counter=self._worker_counter,
+        )
+        batched = self._auto_collation
+        if self._iterable:
+            reader_setup = WorkerSetup(self.dataset, base_seed, 1, self.worker_init_fn, fixed_id=0)
+            read = Read(self.dataset, self.batch_size, self.drop_last, reader_setup)
+            stages = [Stage("read", read, workers=1, max_workers=1, shm_min_bytes=1)]
+        else:
+            stages = [self._stage("fetch", Step(Fetch(self.dataset, batched), setup), workers)]
+        for name, fn in self._transforms:
+            stages.append(self._stage(name, Step(fn, setup, per_sample=True, batched=batched)))
+        stages.append(self._stage("collate", Step(self.collate_fn, setup), workers))
+        for name, fn in self._batch_transforms:
+            stages.append(self._stage(name, Step(fn, setup), workers))
+        stages = fuse_groups(stages, self._fusion([s.name for s in stages]))
+        pipeline = Pipeline(
+            _PlanSource(self._plans if self.persistent_workers else None),
+            stages,
+            queue_size=self._queue_size,
+            name="dataloader",
+            samples_per_item=self.batch_size or 1,
+            start_method=self._start_method,
+        )
+        pipeline.apply(self._allocation)  # an unstarted pipeline only records it
+        return pipeline
+
+    def _fusion(self, names: list[str]) -> str | Sequence[str] | None:
+        """The fusion groups: ``fuse`` as given, or for ``"auto"`` every per-sample step
+        with ``collate`` (the reader of an iterable dataset stays apart: it has one worker)."""
+        if self._fuse != "auto":
+            return self._fuse
+        per_sample = [name for name, _ in self._transforms] + ["collate"]
+        if not self._iterable:
+            per_sample.insert(0, "fetch")
+        return "+".join(per_sample) if len(per_sample) > 1 else None
+
+    def _stage(self, name: str, fn: Callable, workers: int | None = None) -> Stage:
+        ceiling = self._max_workers
+        count = max(1, self.num_workers) if workers is None else workers
+        # shm_min_bytes=1: every tensor through the runtime's shared memory (see steps.py).
+        return Stage(
+            name, fn, workers=min(count, ceiling or count), max_workers=ceiling, shm_min_bytes=1
+        )
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The current epoch's pipeline (the next epoch's, not yet started, between epochs)."""
+        with self._lock:
+            return self._pipeline
+
+    # ----------------------------------------------------------------- epochs
+
+    def __iter__(self) -> _EpochIterator:
+        """Start an epoch (ending the one before, if still running) and return its iterator."""
+        with self._lock:
+            if self._epoch_iterator is not None:
+                self._epoch_iterator.close()
+            self._epoch += 1
+            epoch = self._epoch
+            # As torch: a new base seed per iterator (once only with persistent workers),
+            # drawn from ``generator`` before the sampler draws from it.
+            first_pipeline = self._base_seed is None
+            if first_pipeline or not self.persistent_workers:
+                self._base_seed = int(
+                    torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+                )
+            items = self._epoch_items(epoch)
+            if self.persistent_workers:
+                if first_pipeline:
+                    self._plans = _Plans()
+                    self._start(self._build_pipeline(self._base_seed))
+                self._plans.begin(epoch, items)
+            else:
+                pipeline = self._build_pipeline(self._base_seed)
+                pipeline.source.items = items
+                self._start(pipeline)
+            self._epoch_iterator = _EpochIterator(self, self._receiver, epoch)
+            return self._epoch_iterator
+
+    def _start(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+        self._receiver = _Receiver(pipeline)
+        pipeline.start()
+
+    def _epoch_items(self, epoch: int) -> Iterator[Item]:
+        """What the source feeds for one epoch: index lists then ``EpochEnd``, or (iterable
+        datasets) endless ticks that the reader answers."""
+        if self._iterable:
+            return zip(itertools.repeat(epoch), itertools.repeat(0), itertools.repeat(None))
+        indices = iter(self._index_sampler)
+        # Draw the first batch here, in the caller's thread, as torch's iterator does when it
+        # starts: a sampler seeded from the global RNG takes its seed now, not in our feeder.
+        first = list(itertools.islice(indices, 1))
+        batched = self._auto_collation
+
+        def items() -> Iterator[Item]:
+            for idx in itertools.chain(first, indices):
+                yield epoch, (len(idx) if batched else 1), idx
+            yield epoch, 0, EpochEnd(epoch)
+
+        return items()
+
+    def _epoch_finished(self, iterator: _EpochIterator) -> None:
+        """The consumer reached the end of an epoch (or left it): free its workers."""
+        with self._lock:
+            if self._epoch_iterator is iterator:
+                self._epoch_iterator = None
+            if self.persistent_workers:
+                if self._plans is not None:
+                    self._plans.finish(iterator.epoch)
+                return
+            receiver = iterator.receiver
+            if self._receiver is not receiver:
+                return  # close() stopped it already
+            # The next epoch's pipeline, unstarted: the agent keeps a handle meanwhile.
+            self._pipeline = self._build_pipeline(self._base_seed or 0)
+            self._receiver = None
+        receiver.stop()
+
+    def close(self) -> None:
+        """Stop the workers now (persistent ones included); the loader can iterate again."""
+        with self._lock:
+            if self._epoch_iterator is not None:
+                self._epoch_iterator.close()
+            self._epoch_iterator = None
+            receiver, self._receiver = self._receiver, None
+            if self._plans is not None:
+                self._plans.close()
+                self._plans = None
+            self._base_seed = None
+            self._pipeline = self._build_pipeline(0)
+        if receiver is not None:
+            receiver.stop()
+
+    def __del__(self) -> None:
+        # As torch's iterators do: workers do not outlive the loader.
+        try:
+            if self._plans is not None:
+                self._plans.close()
+            if self._receiver is not None:
+                self._receiver.stop()
+        except Exception:
+            pass
+
+    # ----------------------------------------------------------------- the agent's handle
+
+    @property
+    def stage_names(self) -> list[str]:
+        """The names of the loader's stages, in order."""
+        return list(self._pipeline.stage_names)
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The loader's stages (their ceilings and kinds, for the agent's checks)."""
+        return list(self._pipeline.stages)
+
+    @property
+    def allocation(self) -> dict[str, int]:
+        """The worker count of each stage; it carries over from one epoch to the next."""
+        with self._lock:
+            return dict(self._allocation)
+
+    def apply(self, allocation: dict[str, int]) -> None:
+        """Resize stages live (``Pipeline.apply``); the next epochs start at this allocation."""
+        with self._lock:
+            self._pipeline.apply(allocation)
+            self._allocation = self._pipeline.allocation
+
+    def check(self, allocation: dict[str, int]) -> list[str]:
+        """Say what is wrong with an allocation (empty: nothing) without applying it."""
+        return self._pipeline.check(allocation)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The current pipeline's per-stage measurements since the previous call."""
+        with self._lock:
+            pipeline = self._pipeline
+        return pipeline.metrics()
+
+    def consumer_stats(self) -> dict[str, Any]:
+        """How the training loop fared since the previous call, across epochs: samples/s and
+        the share of time it waited for a batch."""
+        return self._stats.read()
+
+
+class _EpochIterator:
+    """The iterator of one epoch: batches in order, ``timeout`` on each wait, pinning."""
+
+    def __init__(self, loader: DataLoader, receiver: _Receiver, epoch: int) -> None:
+        self.loader = loader
+        self.receiver = receiver
+        self.epoch = epoch
+        self._timeout = loader.timeout
+        self._pin = loader._pin
+        self._stats = loader._stats
+        self._done = False
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        self._stats.waiting()
+        try:
+            while True:
+                epoch, samples, payload = self.receiver.next(self._timeout)
+                if epoch == self.epoch:
+                    break  # what is left of an abandoned epoch is dropped
+        except StageFailed:
+            self._stats.taken(0)
+            self._finish()
+            raise
+        except BaseException:
+            self._stats.taken(0)
+            raise
+        if isinstance(payload, EpochEnd):
+            self._stats.taken(0, batch=False)
+            self._finish()
+            raise StopIteration
+        payload = restore(payload)
+        if self._pin:
+            from torch.utils.data._utils.pin_memory import pin_memory
+
+            payload = pin_memory(payload)
+        self._stats.taken(samples)
+        return payload
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self.loader._epoch_finished(self)
+
+    def close(self) -> None:
+        """End this epoch early (its remaining batches are dropped)."""
+        self._finish()
+
+    def __del__(self) -> None:
+        try:
+            self._finish()
+        except Exception:
+            pass
+
+
+class _Receiver:
+    """Takes a started pipeline's items, and stops it. With a timeout it takes them through
+    a thread, so that a wait can be bounded without reaching into the pipeline."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self._stopped = threading.Event()
+        self._direct: Iterator[Any] | None = None
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        """Stop the pipeline (and the thread taking its items)."""
+        self._stopped.set()
+        self.pipeline.stop()
+
+    def next(self, timeout: float) -> Item:
+        """The next item, raising ``StageFailed`` where a stage failed; torch's
+        ``RuntimeError`` after ``timeout`` seconds (0: wait as long as it takes)."""
+        if timeout <= 0 and self._thread is None:
+            if self._direct is None:
+                self._direct = iter(self.pipeline)
+            try:
+                return next(self._direct)
+            except StopIteration:
+                self._direct = None
+                raise RuntimeError("the loader's pipeline was stopped") from None
+            except StageFailed:
+                self._direct = None  # the pipeline's iterator ended; a new one goes on
+                raise
+        if self._thread is None:
+            self._queue = queue.Queue(maxsize=1)
+            self._thread = threading.Thread(target=self._pull, name="intune-loader", daemon=True)
+            self._thread.start()
+        try:
+            kind, value = self._queue.get(timeout=timeout if timeout > 0 else None)
+        except queue.Empty:
+            raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
+        if kind == "item":
+            return value
+        if kind == "error":
+            raise value
+        raise RuntimeError("the loader's pipeline was stopped")
+
+    def _pull(self) -> None:
+        while True:
+            try:
+                for item in self.pipeline:
+                    if not self._put(("item", item)):
+                        return
+            except StageFailed as exc:
+                if not self._put(("error", exc)):
+                    return
+                continue
+            self._put(("stopped", None))
+            return
+
+    def _put(self, message: tuple[str, Any]) -> bool:
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(message, timeout=POLL_S * 5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+class _PlanSource:
+    """A pipeline's source: one epoch's items, or (persistent workers) every epoch's in turn."""
+
+    def __init__(self, plans: _Plans | None) -> None:
+        self.plans = plans
+        self.items: Iterator[Item] | None = None
+
+    def __call__(self) -> Iterator[Item]:
+        if self.plans is None:
+            return self.items if self.items is not None else iter(())
+        return self.plans.feed()
+
+
+class _Plans:
+    """The epochs a persistent pipeline serves, handed from the consumer to its source."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._current = 0
+        self._finished = 0
+        self._closed = False
+
+    def begin(self, epoch: int, items: Iterator[Item]) -> None:
+        """Make ``epoch`` the one to feed (abandoning the one being fed)."""
+        self._current = epoch
+        self._queue.put((epoch, items))
+
+    def finish(self, epoch: int) -> None:
+        """The consumer is done with ``epoch``: feed no more of it."""
+        self._finished = max(self._finished, epoch)
+
+    def close(self) -> None:
+        """Stop feeding for good."""
+        self._closed = True
+
+    def feed(self) -> Iterator[Item]:
+        """Every epoch's items, as the consumer begins them; ends when closed."""
+        while not self._closed:
+            try:
+                epoch, items = self._queue.get(timeout=POLL_S * 5)
+            except queue.Empty:
+                continue
+            for item in items:
+                if self._closed or epoch != self._current or epoch <= self._finished:
+                    break
+                yield item
+
+
+class _ConsumerStats:
+    """The training loop's throughput and waiting time, over every epoch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self._wait_s = 0.0
+        self._batches = 0
+        self._samples = 0
+        self._waiting_since: float | None = None
+
+    def waiting(self) -> None:
+        """The consumer asks for a batch."""
+        with self._lock:
+            self._waiting_since = time.monotonic()
+
+    def taken(self, samples: int, batch: bool = True) -> None:
+        """The consumer got a batch of ``samples`` (or an end, or an error)."""
+        with self._lock:
+            if self._waiting_since is not None:
+                self._wait_s += time.monotonic() - max(self._waiting_since, self._since)
+                self._waiting_since = None
+            self._batches += int(batch and samples > 0)
+            self._samples += samples
+
+    def read(self) -> dict[str, Any]:
+        """The figures since the previous read (``Pipeline.consumer_stats``'s keys)."""
+        with self._lock:
+            now = time.monotonic()
+            wall = max(now - self._since, 1e-9)
+            wait = self._wait_s
+            if self._waiting_since is not None:
+                wait += now - max(self._waiting_since, self._since)
+            batches, samples = self._batches, self._samples
+            self._since, self._wait_s, self._batches, self._samples = now, 0.0, 0, 0
+        return {
+            "throughput": samples / wall,
+            "idle_fraction": min(1.0, max(0.0, wait / wall)),
+            "step_ms": 1000.0 * (wall - wait) / batches if batches else 0.0,
+            "wait_ms": 1000.0 * wait / batches if batches else 0.0,
+            "device": "cpu",
+        }
+
+
+def _start_method(context: Any) -> str | None:
+    """The start method a ``multiprocessing_context`` argument names (``None``: default)."""
+    if context is None:
+        return None
+    if isinstance(context, str):
+        return context
+    return context.get_start_method()
+
+
+def _accelerator_available() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()

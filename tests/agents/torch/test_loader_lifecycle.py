@@ -1,0 +1,188 @@
+"""Epochs, workers, errors and waits of agents.torch.DataLoader, as torch's DataLoader has them."""
+
+import os
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import torch.utils.data as tud
+
+from agents.pipeline import StageFailed
+from agents.torch import DataLoader
+
+
+class Slow(tud.Dataset):
+    """Item i after ``ms`` milliseconds (``stall_at``: that item takes ``stall_s`` instead)."""
+
+    def __init__(self, n=40, ms=5.0, stall_at=None, stall_s=0.0, fail_at=None):
+        self.n, self.ms, self.fail_at = n, ms, fail_at
+        self.stall_at, self.stall_s = stall_at, stall_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(f"no row {i}")
+        time.sleep(self.stall_s if i == self.stall_at else self.ms / 1000)
+        return torch.tensor(i)
+
+
+def slow_double(batch):
+    time.sleep(0.01)
+    return batch * 2
+
+
+def negate_features(batch):
+    features, labels = batch
+    return -features, labels
+
+
+class RecordInit:
+    """A worker_init_fn that appends who called it to a file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, worker_id):
+        info = tud.get_worker_info()
+        line = f"{os.getpid()} {worker_id} {info.id} {info.num_workers} {type(info.dataset).__name__}\n"
+        with open(self.path, "a") as handle:
+            handle.write(line)
+
+
+def children():
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_len_is_torchs(datasets):
+    for kwargs in ({"batch_size": 7}, {"batch_size": 7, "drop_last": True}, {"batch_size": None}):
+        for dataset in (datasets.Squares(50), datasets.Counting(23)):
+            assert len(DataLoader(dataset, **kwargs)) == len(tud.DataLoader(dataset, **kwargs))
+
+
+def test_worker_init_fn_runs_once_in_each_worker_process_with_its_worker_info(tmp_path):
+    record = tmp_path / "init.txt"
+    loader = DataLoader(Slow(40), batch_size=4, num_workers=2, worker_init_fn=RecordInit(record),
+                        batch_transforms=[slow_double])  # fmt: skip
+    try:
+        assert [int(b[0]) for b in loader] == list(range(0, 80, 8))
+        calls = [line.split() for line in record.read_text().splitlines()]
+    finally:
+        loader.close()
+    pids = [int(c[0]) for c in calls]
+    assert len(pids) == len(set(pids)) == 4, f"one call per worker process of 2 stages x 2: {calls}"
+    assert os.getpid() not in pids
+    assert sorted(int(c[1]) for c in calls) == [0, 1, 2, 3], "each worker has an id of its own"
+    assert all(c[1] == c[2] and c[3] == "2" and c[4] == "Slow" for c in calls)
+
+
+class Random(tud.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.tensor([torch.rand(1).item(), float(np.random.rand())])
+
+
+def test_workers_draw_different_random_numbers_as_torchs_are_seeded_apart():
+    loader = DataLoader(Random(), batch_size=4, num_workers=2)
+    try:
+        values = torch.cat(list(loader)).flatten().tolist()
+    finally:
+        loader.close()
+    assert len(set(values)) == len(values), "two workers repeated each other's random numbers"
+
+
+def test_a_wait_past_timeout_raises_torchs_error():
+    loader = DataLoader(
+        Slow(20, ms=1, stall_at=9, stall_s=3.0), batch_size=4, num_workers=1, timeout=0.5
+    )
+    batches = iter(loader)
+    try:
+        assert int(next(batches)[0]) == 0
+        assert int(next(batches)[0]) == 4
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.5 seconds"):
+            next(batches)
+        assert time.monotonic() - began < 2.0
+    finally:
+        loader.close()
+
+
+def test_a_failing_sample_raises_naming_the_stage_and_the_error():
+    loader = DataLoader(Slow(20, ms=0, fail_at=6), batch_size=4, num_workers=2)
+    got = []
+    with pytest.raises(
+        StageFailed, match=r"stage 'fetch\+collate' failed.*KeyError: 'no row 6'"
+    ) as caught:
+        for batch in loader:
+            got.append(batch)
+    assert isinstance(caught.value, RuntimeError)
+    assert [int(b[0]) for b in got] == [0], "the batches before the failing one were delivered"
+    loader.close()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_leaving_an_epoch_early_then_starting_again_gives_a_whole_epoch(
+    datasets, same_epoch, persistent
+):
+    dataset = datasets.Squares(60)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
+    try:
+        for taken, _batch in enumerate(loader):
+            if taken == 2:
+                break
+        same_epoch(loader, tud.DataLoader(dataset, batch_size=4))
+        first = iter(loader)
+        next(first)
+        same_epoch(iter(loader), tud.DataLoader(dataset, batch_size=4))
+        with pytest.raises(StopIteration):
+            next(first)  # a new iteration ended the one before
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_no_worker_process_outlives_close(datasets, persistent):
+    before = children()
+    loader = DataLoader(datasets.Squares(400), batch_size=4, num_workers=2, persistent_workers=persistent,
+                        batch_transforms=[negate_features])  # fmt: skip
+    batches = iter(loader)
+    next(batches)
+    assert len(children() - before) >= 4, "two stages of two workers were running"
+    loader.close()
+    assert wait_until(lambda: not (children() - before)), f"left behind: {children() - before}"
+    assert len(list(loader)) == 100, "a closed loader iterates again"
+    loader.close()
+
+
+def test_non_persistent_workers_end_with_their_epoch(datasets):
+    before = children()
+    loader = DataLoader(datasets.Squares(40), batch_size=4, num_workers=2)
+    assert len(list(loader)) == 10
+    assert wait_until(lambda: not (children() - before)), "the epoch's workers were stopped"
+
+
+def test_pinning_without_an_accelerator_changes_nothing(datasets, same_epoch):
+    dataset = datasets.Squares(20)
+    loader = DataLoader(dataset, batch_size=4, num_workers=1, pin_memory=True)
+    try:
+        batches = list(loader)
+        same_epoch(batches, tud.DataLoader(dataset, batch_size=4))
+        if torch.cuda.is_available():
+            assert batches[0][0].is_pinned()
+    finally:
+        loader.close()
