@@ -252,8 +252,11 @@ def run_scenario(scenario: Scenario, tally: Tally, seed: int = 0) -> None:
             elif kind == "kill":
                 tally.kills += _kill_a_worker(pipeline, operation[1], rng)
             elif kind == "kill_launcher" and pipeline._zygote is not None:
-                os.kill(pipeline._zygote.pid, signal.SIGKILL)
-                tally.kills += 1
+                try:
+                    os.kill(pipeline._zygote.pid, signal.SIGKILL)
+                    tally.kills += 1
+                except ProcessLookupError:
+                    pass  # killed by the operation before, and already replaced
         stop_early = rng.random() < 0.3
         if not stop_early:
             consumer.take(scenario.items + 1, received)
