@@ -39,18 +39,19 @@ def busy_cpus():
         burner.join(5)
 
 
-SHORT = Tally()
-
-
-@settings(
-    max_examples=25,
+# Both forms: each case starts real processes, so no deadline; a failing case is reported as
+# found (with its blob to reproduce it), since shrinking one costs minutes of real processes.
+RUNS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     print_blob=True,
-    # A failing case is reported as found (with its blob to reproduce it): shrinking one
-    # costs minutes of real processes.
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
+
+SHORT = Tally()
+
+
+@settings(RUNS, max_examples=25)
 @given(scenario=scenarios(max_items=80, max_operations=6))
 def test_generated_pipelines_finish_every_operation_in_bounds(busy_cpus, scenario):
     run_scenario(scenario, SHORT, seed=len(scenario.operations))
@@ -61,15 +62,7 @@ LONG = Tally()
 
 
 @pytest.mark.soak
-@settings(
-    max_examples=400,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    print_blob=True,
-    # A failing case is reported as found (with its blob to reproduce it): shrinking one
-    # costs minutes of real processes.
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-)
+@settings(RUNS, max_examples=400)
 @given(scenario=scenarios(max_items=200, max_operations=12))
 def test_many_generated_pipelines_never_hang(busy_cpus, scenario):
     run_scenario(scenario, LONG, seed=len(scenario.operations))
