@@ -4,7 +4,6 @@ dropped), else the embedded Redis and a SQLite file."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -13,28 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from tests.support.ports import free_port
 from webapp.stack.embedded_redis import EmbeddedRedis
 from webapp.stack.services import command
 from webapp.stack.supervisor import ProcessGroup, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A free port below Linux's ephemeral range (32768+), so that no client's own outgoing
-    connection can take it while a stopped service is away and a retrying client cannot end
-    up connected to itself."""
-    import random
-
-    for _ in range(200):
-        port = random.randint(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port between 20000 and 32000")
 
 
 class FreshDatabase:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import secrets
 import socket
 import threading
@@ -21,10 +20,10 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from agents.protocol import MAX_BODY_BYTES, MAX_SAMPLES_PER_BATCH
+from tests.support.ports import free_port
 
 HOST_KEYS = {"cpus", "cpu_percent", "per_cpu_percent", "memory_used_mb", "memory_limit_mb"}
 STAGE_KEYS = {"name", "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue"}
@@ -74,29 +73,6 @@ def validate_sample(sample: dict, stage_names: list[str], where: str) -> str | N
     return None
 
 
-def port_outside_ephemeral_range() -> int:
-    """A free TCP port below the kernel's ephemeral range.
-
-    A server that goes away and comes back on an *ephemeral* port can find it taken: a client
-    retrying ``connect()`` to a port nobody listens on may be given that very port as its own
-    source port and connect to itself (TCP simultaneous open), holding the port.
-    """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randrange(max(1025, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range; free some or pass port=")
-
-
 class StandinControlPlane:
     """An in-memory control plane on ``127.0.0.1:port`` that can go away and come back."""
 
@@ -110,7 +86,7 @@ class StandinControlPlane:
         self.max_wait_s = 60.0  # longest long-poll hold; a longer ``wait`` is refused (400)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._port = port if port is not None else port_outside_ephemeral_range()
+        self._port = port if port is not None else free_port()
         self._fork_hook = False
 
     @property
