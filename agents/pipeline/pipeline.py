@@ -124,6 +124,7 @@ class Pipeline:
         self._cpu_seen: dict[tuple[str, int], float] = {}
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._ended = False
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -251,7 +252,7 @@ class Pipeline:
                 if not first.put((seq, item)):
                     return
                 seq += 1
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - a source's SystemExit ends it as an error
             failure = Failure("source", f"{type(exc).__name__}: {exc}", traceback.format_exc())
             if not first.put((seq, failure)):
                 return
@@ -298,6 +299,11 @@ class Pipeline:
         """Yield the last stage's results; raises ``StageFailed`` where a stage raised."""
         if not self._started:
             self.start()
+        if self._ended:
+            # Exhausted already: a second loop over the pipeline ends at once instead of
+            # waiting for items that will never come. (After a StageFailed, looping again
+            # goes on with the items after the failed one, as DataLoader's iterator does.)
+            return
         while True:
             began = time.monotonic()
             self._waiting_since = began
@@ -309,6 +315,7 @@ class Pipeline:
                 self._wait_s += ended - max(began, self._consumer_at)
                 self._taken += 1
             if item is _END:
+                self._ended = True
                 return
             if isinstance(item, Failure):
                 raise StageFailed(item.stage, self._taken - 1, item.error, item.traceback_text)

@@ -126,8 +126,9 @@ def _apply(
         if spec.pack_prefix is not None:
             result = shm.pack(result, spec.pack_prefix, spec.shm_min_bytes)
     except BaseException as exc:  # noqa: BLE001 - SystemExit in fn is the stage's error too
-        if isinstance(exc, KeyboardInterrupt):
-            raise
+        # KeyboardInterrupt too: workers ignore SIGINT (process) or never receive it (thread),
+        # so here it can only come from fn; re-raised, it would end a thread worker silently
+        # with its item in hand, and the ordered consumer would wait for that item forever.
         result = Failure(spec.stage, f"{type(exc).__name__}: {exc}", traceback.format_exc())
     return result, packet
 

@@ -1,0 +1,100 @@
+"""User code that does what a stage function should not never hangs the pipeline.
+
+Each case consumes the pipeline in a thread joined with a bound, so a hang fails the test
+(with the case named) rather than stalling the suite.
+"""
+
+import sys
+import threading
+
+import pytest
+
+from agents.pipeline import Pipeline, Stage, StageFailed
+
+BOUND_S = 20.0
+BAD_ITEM = 4
+
+
+class NeedsTwoArguments(Exception):
+    """An exception that cannot be rebuilt from its args, so it does not unpickle."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def raise_keyboard_interrupt():
+    raise KeyboardInterrupt
+
+
+def raise_system_exit():
+    sys.exit(3)
+
+
+def raise_unpicklable():
+    raise NeedsTwoArguments("no", 1)
+
+
+def raise_generator_exit():
+    raise GeneratorExit
+
+
+RAISERS = [raise_keyboard_interrupt, raise_system_exit, raise_unpicklable, raise_generator_exit]
+
+
+class RaiseOn:
+    def __init__(self, raiser):
+        self.raiser = raiser
+
+    def __call__(self, item):
+        if item == BAD_ITEM:
+            self.raiser()
+        return item
+
+
+def consume(pipeline: Pipeline, loops: int = 1) -> tuple[list, list[BaseException]]:
+    """Iterate ``loops`` times (going on after a StageFailed); fail the test on a hang."""
+    received: list = []
+    errors: list[BaseException] = []
+
+    def run():
+        for _ in range(loops):
+            try:
+                received.extend(pipeline)
+            except StageFailed as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    assert not thread.is_alive(), f"the consumer hung for {BOUND_S} s"
+    return received, errors
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("raiser", RAISERS, ids=lambda f: f.__name__)
+def test_any_exception_from_a_stage_reaches_the_consumer_and_the_rest_follows(kind, raiser):
+    stages = [Stage("odd", RaiseOn(raiser), kind=kind, workers=2), Stage("after", abs)]
+    with Pipeline(range(10), stages, max_item_retries=0) as pipeline:
+        received, errors = consume(pipeline, loops=2)
+    assert len(errors) == 1 and errors[0].stage == "odd"
+    assert received == [i for i in range(10) if i != BAD_ITEM]
+
+
+@pytest.mark.parametrize("raiser", RAISERS, ids=lambda f: f.__name__)
+def test_any_exception_from_the_source_ends_the_stream_as_an_error(raiser):
+    def source():
+        yield from range(BAD_ITEM)
+        raiser()
+
+    with Pipeline(source, [Stage("a", abs, kind="thread"), Stage("b", abs)]) as pipeline:
+        received, errors = consume(pipeline, loops=2)
+    assert received == list(range(BAD_ITEM))
+    assert len(errors) == 1 and errors[0].stage == "source"
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_pipeline_looped_over_again_after_its_end_ends_at_once(kind):
+    with Pipeline(range(6), [Stage("a", abs, kind=kind)]) as pipeline:
+        received, errors = consume(pipeline, loops=3)
+    assert received == list(range(6)) and not errors
