@@ -216,7 +216,7 @@ class DataLoader(torch.utils.data.DataLoader):
         """Start an epoch (ending the one before, if still running) and return its iterator."""
         with self._lock:
             if self._epoch_iterator is not None:
-                self._epoch_iterator.close()
+                self._epoch_iterator.close(superseded=True)
             self._epoch += 1
             epoch = self._epoch
             # As torch: a new base seed per iterator (once only with persistent workers),
@@ -355,6 +355,7 @@ class _EpochIterator:
         self._pin = loader._pin
         self._stats = loader._stats
         self._done = False
+        self._superseded = False
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -364,6 +365,13 @@ class _EpochIterator:
 
     def __next__(self) -> Any:
         if self._done:
+            if self._superseded:
+                # Ending quietly would cut this epoch short without a word (zip(loader,
+                # loader) would yield nothing): say why there is no next batch.
+                raise RuntimeError(
+                    "this DataLoader iterator was ended by a newer iter() of the same loader: "
+                    "agents.torch.DataLoader runs one iteration at a time"
+                )
             raise StopIteration
         self._stats.waiting()
         try:
@@ -372,8 +380,9 @@ class _EpochIterator:
                 if epoch == self.epoch:
                     break  # what is left of an abandoned epoch is dropped
         except StageFailed:
+            # As torch's iterator: the failed batch raises, and the next call goes on with
+            # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
-            self._finish()
             raise
         except BaseException:
             self._stats.taken(0)
@@ -395,8 +404,10 @@ class _EpochIterator:
             self._done = True
             self.loader._epoch_finished(self)
 
-    def close(self) -> None:
-        """End this epoch early (its remaining batches are dropped)."""
+    def close(self, superseded: bool = False) -> None:
+        """End this epoch early (its remaining batches are dropped); ``superseded``: by a
+        newer ``iter()``, which a later ``next()`` on this one then reports."""
+        self._superseded = self._superseded or (superseded and not self._done)
         self._finish()
 
     def __del__(self) -> None:

@@ -135,6 +135,29 @@ def test_a_failing_sample_raises_naming_the_stage_and_the_error():
     loader.close()
 
 
+def next_or_error(iterator):
+    """The next batch's first index, or the error's type name; None at the end."""
+    try:
+        return int(next(iterator)[0])
+    except StopIteration:
+        return None
+    except Exception as exc:  # torch raises its own wrapper; compare the kind, not the class
+        return "error" if isinstance(exc, (KeyError, RuntimeError)) else type(exc).__name__
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_after_a_failing_batch_the_epoch_goes_on_as_torchs_does(num_workers):
+    """torch's iterator raises for the failed batch and goes on with the next ones; cutting
+    the epoch there would lose every later batch of a loop that skips bad batches."""
+    kwargs = {"batch_size": 4, "num_workers": num_workers}
+    ours = iter(DataLoader(Slow(20, ms=0, fail_at=6), **kwargs))
+    theirs = iter(tud.DataLoader(Slow(20, ms=0, fail_at=6), **kwargs))
+    got_ours = [next_or_error(ours) for _ in range(7)]
+    got_theirs = [next_or_error(theirs) for _ in range(7)]
+    assert got_ours == got_theirs == [0, "error", 8, 12, 16, None, None]
+    ours.loader.close()
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_leaving_an_epoch_early_then_starting_again_gives_a_whole_epoch(
     datasets, same_epoch, persistent
@@ -149,8 +172,10 @@ def test_leaving_an_epoch_early_then_starting_again_gives_a_whole_epoch(
         first = iter(loader)
         next(first)
         same_epoch(iter(loader), tud.DataLoader(dataset, batch_size=4))
-        with pytest.raises(StopIteration):
-            next(first)  # a new iteration ended the one before
+        # A new iteration ended the one before: it says so rather than ending quietly, which
+        # would cut an epoch short without a word (zip(loader, loader) would yield nothing).
+        with pytest.raises(RuntimeError, match="ended by a newer iter"):
+            next(first)
     finally:
         loader.close()
 
