@@ -138,12 +138,60 @@ def load_pipeline(spec: str, fuse: str | None = None) -> Any:
         factory = load_factory(spec)
     except ValueError as exc:
         raise SystemExit(f"--pipeline {spec}: {exc}") from exc
-    if spec != "dlrm":
-        return factory()
+    if spec == "dlrm":
+        try:
+            return factory(fuse=fuse)
+        except ValueError as exc:
+            raise SystemExit(f"--fuse {fuse}: {exc}") from exc
     try:
-        return factory(fuse=fuse)
-    except ValueError as exc:
-        raise SystemExit(f"--fuse {fuse}: {exc}") from exc
+        pipeline = factory()
+    except Exception as exc:
+        log.error("--pipeline %s: the factory raised", spec, exc_info=True)
+        raise SystemExit(
+            f"--pipeline {spec}: the factory raised {type(exc).__name__}: {exc}"
+        ) from exc
+    missing = [m for m in PIPELINE_METHODS if not callable(getattr(pipeline, m, None))]
+    if missing or not hasattr(pipeline, "stage_names"):
+        raise SystemExit(
+            f"--pipeline {spec}: the factory returned {type(pipeline).__name__}, not a pipeline "
+            "(agents.pipeline.Pipeline, or an object with stage_names and "
+            f"{', '.join(PIPELINE_METHODS)}); it lacks {', '.join(missing) or 'stage_names'}"
+        )
+    return pipeline
+
+
+PIPELINE_METHODS = ("start", "stop", "apply", "check", "metrics", "__iter__")
+"""What the agent calls on the pipeline it runs (``agents.pipeline.Pipeline`` has them all)."""
+
+
+def check_stages_match_the_job(state: Any, pipeline: Any) -> None:
+    """Exit with both lists when the host's job names other stages than the pipeline has.
+
+    Every sample would be refused (``unknown stage``) and every allocation too, for as long as
+    the agent ran. The job's stages are those of its current allocation, read once without
+    waiting; a control plane that cannot be reached is not an error here (the agent starts
+    anyway and ships when it comes back).
+    """
+    from agents.client import ControlPlaneClient, ControlPlaneError
+
+    client = ControlPlaneClient(state.url, state.host_id, state.agent_token, timeout_s=5.0)
+    try:
+        allocation = client.poll_allocation(after=0, wait_s=0)
+    except ControlPlaneError as exc:
+        if exc.retryable:
+            log.warning("could not read the job's stages now (%s); starting anyway", exc)
+            return
+        raise SystemExit(f"the control plane refused this agent: {exc}") from exc
+    finally:
+        client.close()
+    job_stages = list((allocation or {}).get("workers") or {})
+    ours = list(pipeline.stage_names)
+    if job_stages and set(job_stages) != set(ours):
+        raise SystemExit(
+            f"host {state.host_id}'s job has the stages {', '.join(job_stages)}, and this "
+            f"pipeline has {', '.join(ours)}: every sample would be refused. Register the host "
+            "under a job with this pipeline's stages (or PATCH the job's stages)."
+        )
 
 
 def resolve_identity(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -198,15 +246,13 @@ def resolve_identity(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def start_consumer(
     pipeline: Any, args: argparse.Namespace, stop: threading.Event
-) -> tuple[threading.Thread, Callable[[], dict] | None]:
+) -> tuple[Consumer, Callable[[], dict] | None]:
     """Start the thread that consumes the pipeline: the DLRM trainer, or a plain drain."""
     if args.pipeline == "dlrm" and args.train:
         from agents.dlrm.trainer import Trainer
 
         trainer = Trainer(None)
-        thread = threading.Thread(
-            target=trainer.run, args=(pipeline, stop), name="intune-trainer", daemon=True
-        )
+        thread = Consumer(lambda: trainer.run(pipeline, stop), stop, "intune-trainer")
         thread.start()
         return thread, trainer.stats
 
@@ -215,9 +261,32 @@ def start_consumer(
             if stop.is_set():
                 return
 
-    thread = threading.Thread(target=drain, name="intune-drain", daemon=True)
+    thread = Consumer(drain, stop, "intune-drain")
     thread.start()
     return thread, None
+
+
+class Consumer(threading.Thread):
+    """The thread that consumes the pipeline; it stops the agent when it ends on its own, on
+    an exhausted pipeline (a finite source) or a failure, and keeps which as ``outcome``."""
+
+    def __init__(self, target: Callable[[], None], stop: threading.Event, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._consume = target
+        self._stop_agent = stop
+        self.outcome: str | Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self._consume()
+            if not self._stop_agent.is_set():
+                self.outcome = "the pipeline is exhausted"
+                log.info("the pipeline is exhausted (its source ended); stopping the agent")
+        except Exception as exc:
+            self.outcome = exc
+            log.error("the consumer failed; stopping the agent", exc_info=True)
+        finally:
+            self._stop_agent.set()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     # Who we are first: a missing token should not wait for a dataset to be generated.
     state, state_dir = resolve_identity(args)
     pipeline = load_pipeline(args.pipeline, args.fuse)
+    check_stages_match_the_job(state, pipeline)
     first_seq = max(time.time_ns() // 10**6, state.last_seq + 1)
 
     last_saved = [0.0]
@@ -279,9 +349,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            if not consumer.is_alive():
-                log.error("the consumer thread ended; stopping the agent")
-                break
     finally:
         stop.set()
         agent.stop()
@@ -289,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         consumer.join(5)
         if state_dir is not None:
             state.save(state_dir)
-    return 0
+    # A failed consumer (a stage's error, the trainer's) is the run's failure too.
+    return 1 if isinstance(consumer.outcome, Exception) else 0
 
 
 if __name__ == "__main__":

@@ -33,3 +33,30 @@ def build_whose_first_measurement_fails() -> Pipeline:
 
     pipeline.metrics = metrics
     return pipeline
+
+
+def finite() -> Pipeline:
+    """``build()`` over 30 items only: the source ends."""
+    return Pipeline(range(30), [Stage("read", read), Stage("parse", parse, kind="thread")])
+
+
+def fail_on_twenty(n: int) -> int:
+    if n == 20:
+        raise ValueError("record 20 is malformed")
+    return n
+
+
+def failing() -> Pipeline:
+    """``build()`` whose first stage raises on item 20."""
+    return Pipeline(
+        itertools.count(), [Stage("read", fail_on_twenty), Stage("parse", parse, kind="thread")]
+    )
+
+
+def not_a_pipeline() -> list:
+    return [read, parse]
+
+
+def other_stages() -> Pipeline:
+    """Stages the stand-in's default job (read, parse) does not have."""
+    return Pipeline(itertools.count(), [Stage("fetch", read), Stage("decode", parse)])

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -91,3 +92,42 @@ def test_fusion_is_for_the_dlrm_pipeline_only(tmp_path):
     )  # fmt: skip
     assert result.returncode != 0
     assert "a module:factory pipeline fuses its own stages" in result.stderr
+
+
+def registered(control_plane, tmp_path, pipeline: str) -> list[str]:
+    return ["--url", control_plane.url, "--job", "7", "--api-token", control_plane.api_token,
+            "--state-dir", str(tmp_path), "--pipeline", pipeline,
+            "--interval", "0.2", "--batch-seconds", "0.5"]  # fmt: skip
+
+
+def test_an_exhausted_pipeline_stops_the_agent_at_once_and_cleanly(control_plane, tmp_path):
+    began = time.monotonic()
+    result = run_agent(*registered(control_plane, tmp_path, "cli_pipelines:finite"), seconds=40)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - began < 30, "the agent idled on after its pipeline ended"
+    assert "the pipeline is exhausted" in result.stderr
+
+
+def test_a_failing_stage_stops_the_agent_with_the_error_and_a_failing_status(
+    control_plane, tmp_path
+):
+    result = run_agent(*registered(control_plane, tmp_path, "cli_pipelines:failing"), seconds=40)
+    assert result.returncode == 1
+    assert "stage 'read' failed" in result.stderr
+    assert "ValueError: record 20 is malformed" in result.stderr
+
+
+def test_a_factory_that_returns_no_pipeline_is_refused_with_what_it_lacks(tmp_path):
+    identity = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
+    result = run_agent(
+        *identity, "--pipeline", "cli_pipelines:not_a_pipeline", "--state-dir", str(tmp_path)
+    )
+    assert result.returncode != 0
+    assert "returned list, not a pipeline" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_pipeline_whose_stages_are_not_the_jobs_is_refused_naming_both(control_plane, tmp_path):
+    result = run_agent(*registered(control_plane, tmp_path, "cli_pipelines:other_stages"))
+    assert result.returncode != 0
+    assert "stages read, parse" in result.stderr and "fetch, decode" in result.stderr
