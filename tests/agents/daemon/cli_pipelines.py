@@ -33,3 +33,20 @@ def build_whose_first_measurement_fails() -> Pipeline:
 
     pipeline.metrics = metrics
     return pipeline
+
+
+def _stuck(n: int) -> int:
+    if n >= 3:
+        import time
+
+        time.sleep(600)  # user code that never returns in time
+    return n
+
+
+def build_stuck() -> Pipeline:
+    """``build()``'s stages, but ``read`` hangs in user code from its fourth item on."""
+    return Pipeline(
+        itertools.count(),
+        [Stage("read", _stuck, workers=2), Stage("parse", parse, kind="thread")],
+        queue_size=4,
+    )
