@@ -5,6 +5,11 @@ Examples::
     # register this host under job 7 once; the token is kept in ~/.intune-agent/agent.json
     intune-agent --url http://intune:8000 --job 7 --api-token $TOKEN --pipeline dlrm
 
+    # the built-in DLRM pipeline over your own Criteo files (.tsv, .tsv.gz, .gz), skipping
+    # malformed lines instead of stopping on the first
+    intune-agent --url http://intune:8000 --job 7 --api-token $TOKEN \\
+        --data-dir /data/criteo --bad-lines skip
+
     # a host registered already (token from the operator, or the state file)
     INTUNE_URL=http://intune:8000 INTUNE_HOST_ID=3 INTUNE_AGENT_TOKEN=ia_... \\
         intune-agent --pipeline mypkg.data:build_pipeline --no-train
@@ -21,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agents.logs import configure_logging
@@ -80,6 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/benchmarks.md); groups separated by commas",
     )
     work.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="with --pipeline dlrm, read this folder of Criteo files as they come (.tsv, "
+        ".txt, .gz, .tsv.gz; indexed once, the index kept beside them) instead of a generated "
+        "dataset",
+    )
+    work.add_argument(
+        "--bad-lines",
+        choices=["error", "skip"],
+        default=None,
+        help="with --data-dir, what a malformed line does: 'error' stops the pipeline naming "
+        "the file and line (default), 'skip' drops it and counts it",
+    )
+    work.add_argument(
         "--train",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -124,13 +145,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_pipeline(spec: str, fuse: str | None = None) -> Any:
-    """Build the pipeline named by ``spec``: ``dlrm`` (fused as ``fuse`` says) or
+def load_pipeline(
+    spec: str,
+    fuse: str | None = None,
+    data_dir: str | None = None,
+    bad_lines: str | None = None,
+) -> Any:
+    """Build the pipeline named by ``spec``: ``dlrm`` (fused as ``fuse`` says, over the
+    Criteo files of ``data_dir`` with the ``bad_lines`` policy, or a generated dataset) or
     ``module:factory`` (found by ``agents.pipeline.loading.load_factory``)."""
-    if fuse and spec != "dlrm":
+    if spec != "dlrm":
+        given = [
+            flag
+            for flag, value in (
+                ("--fuse", fuse),
+                ("--data-dir", data_dir),
+                ("--bad-lines", bad_lines),
+            )
+            if value is not None
+        ]
+        if given:
+            raise SystemExit(
+                f"{' and '.join(given)} apply to --pipeline dlrm only; a module:factory "
+                "pipeline reads its own data and fuses its own stages (agents.pipeline.fuse_groups)"
+            )
+    if bad_lines is not None and data_dir is None:
         raise SystemExit(
-            "--fuse applies to --pipeline dlrm; a module:factory pipeline fuses its own stages "
-            "(agents.pipeline.fuse_groups)"
+            "--bad-lines applies to the Criteo files of --data-dir; a generated dataset has no "
+            "malformed lines"
+        )
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise SystemExit(
+            f"--data-dir {data_dir}: no such folder; give a folder of Criteo files (.tsv, .txt, "
+            ".gz, .tsv.gz)"
         )
     from agents.pipeline.loading import load_factory
 
@@ -139,10 +186,16 @@ def load_pipeline(spec: str, fuse: str | None = None) -> Any:
     except ValueError as exc:
         raise SystemExit(f"--pipeline {spec}: {exc}") from exc
     if spec == "dlrm":
+        options: dict[str, Any] = {"fuse": fuse}
+        if data_dir is not None:
+            options.update(data_dir=Path(data_dir).expanduser(), bad_lines=bad_lines or "error")
         try:
-            return factory(fuse=fuse)
+            return factory(**options)
+        except FileNotFoundError as exc:  # a folder without Criteo files
+            raise SystemExit(f"--data-dir {data_dir}: {exc}") from exc
         except ValueError as exc:
-            raise SystemExit(f"--fuse {fuse}: {exc}") from exc
+            what = f"--fuse {fuse}" if fuse else f"--data-dir {data_dir}"
+            raise SystemExit(f"{what}: {exc}") from exc
     try:
         pipeline = factory()
     except Exception as exc:
@@ -302,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Who we are first: a missing token should not wait for a dataset to be generated.
     state, state_dir = resolve_identity(args)
-    pipeline = load_pipeline(args.pipeline, args.fuse)
+    pipeline = load_pipeline(args.pipeline, args.fuse, args.data_dir, args.bad_lines)
     check_stages_match_the_job(state, pipeline)
     first_seq = max(time.time_ns() // 10**6, state.last_seq + 1)
 

@@ -39,6 +39,7 @@ from tqdm import tqdm
 from agents.dlrm.schema import DEFAULT_TABLE_SIZES, NUM_DENSE
 from agents.dlrm.workload import ensure_dataset
 from agents.torch import DataLoader
+from benchmarks.pipeline.measure import consume_rate
 
 # ----------------------------------------------------------------------------- the workload
 
@@ -104,20 +105,6 @@ def endless(loader: Any) -> Iterator[Any]:
         yield from loader
 
 
-def batches_per_s(batches: Iterator[Any], seconds: float, warmup: float) -> float:
-    """Batches per second a consumer that drops them gets, after ``warmup`` seconds."""
-    end = time.monotonic() + warmup
-    for _ in batches:
-        if time.monotonic() >= end:
-            break
-    count, began = 0, time.monotonic()
-    for _ in batches:
-        count += 1
-        if time.monotonic() - began >= seconds:
-            break
-    return count / (time.monotonic() - began)
-
-
 def torch_loader(lines: list[bytes], batch_size: int, workers: int) -> Any:
     """torch's DataLoader over the workload."""
     return torch.utils.data.DataLoader(
@@ -145,7 +132,7 @@ def measure(make: Callable[[], Any], seconds: float, warmup: float) -> float:
     """Start a loader, measure its batches/s, shut it down."""
     loader = make()
     try:
-        return batches_per_s(endless(loader), seconds, warmup)
+        return consume_rate(endless(loader), seconds, warmup)
     finally:
         close = getattr(loader, "close", None)
         if close is not None:
@@ -161,7 +148,7 @@ def sweep(
     batches = endless(loader)
     for allocation in allocations:
         loader.apply(allocation)
-        results.append((dict(loader.allocation), batches_per_s(batches, seconds, warmup)))
+        results.append((dict(loader.allocation), consume_rate(batches, seconds, warmup)))
         bar.update()
     return results
 

@@ -1,22 +1,27 @@
 """Move arrays between stage processes through shared memory instead of a pipe.
 
-A process worker's result is walked (dicts, lists and tuples, nested); every numpy array,
-CPU torch tensor and ``bytes`` in it is copied once into a single file in ``/dev/shm`` and
-replaced by a small placeholder, so only a few hundred bytes travel through the queue's pipe.
+A process worker's result is pickled with every numpy array, CPU torch tensor, ``bytes`` and
+``bytearray`` in it, at any depth and in any object, replaced by a placeholder; the buffers
+are copied once into a single file in ``/dev/shm``, so only the skeleton travels through the
+worker's pipe. Pickle keeps every container's exact type (named tuples, ``torch.Size``,
+``OrderedDict``, dataclasses, tuple against list, dict order).
 Creating a fresh file per result costs more than the copy (the kernel allocates and zeroes
 every page), so each producing process keeps a small pool of files and reuses them: the
 receiver copies the buffers out (a memcpy) and flags the file free again. When the pool is
 exhausted a one-off file is used instead; its receiver keeps views of the mapping (no copy)
 and unlinks it at once. Results smaller than ``min_bytes`` travel by pickle, where that is
-cheaper.
+cheaper (``dumps``: a tensor as its bytes, never as a handle on the process that made it).
 """
 
 from __future__ import annotations
 
+import copyreg
 import glob
+import io
 import itertools
 import mmap
 import os
+import pickle
 import sys
 import threading
 from dataclasses import dataclass
@@ -38,7 +43,7 @@ _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 class _Slot(NamedTuple):
     """Where one buffer of a packet lies in the shared file, and how to rebuild it."""
 
-    kind: str  # "numpy", "torch", "bytes", or "storage" (what _View placeholders look into)
+    kind: str  # "numpy", "torch", "bytes", "bytearray", or "storage" (what _View looks into)
     offset: int
     nbytes: int
     dtype: str
@@ -62,7 +67,7 @@ class SharedPacket:
 
     path: str
     size: int
-    skeleton: Any
+    skeleton: tuple[bytes, tuple]  # the result pickled without its buffers, and their slots
     pooled: bool = False
 
 
@@ -145,22 +150,124 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _buffers(obj: Any, found: list) -> None:
+def _is_buffer(obj: Any) -> bool:
+    """Whether ``obj`` is shipped as raw bytes: a numpy array of plain values, a plain CPU
+    tensor, ``bytes`` or ``bytearray`` (exact types only: a subclass keeps its own pickling)."""
+    kind = type(obj)
+    if kind is bytes or kind is bytearray:
+        return True
+    if kind is np.ndarray:
+        return obj.dtype != object
     torch = _torch()
-    if isinstance(obj, np.ndarray):
-        if obj.dtype != object:
-            found.append(obj)
-    elif torch is not None and isinstance(obj, torch.Tensor):
-        if obj.device.type == "cpu" and not obj.requires_grad:
-            found.append(obj)
-    elif isinstance(obj, bytes | bytearray):
-        found.append(obj)
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            _buffers(value, found)
-    elif isinstance(obj, list | tuple):
-        for value in obj:
-            _buffers(value, found)
+    return torch is not None and kind is torch.Tensor and _plain_tensor(obj)
+
+
+def _plain_tensor(tensor: Any) -> bool:
+    """A dense CPU tensor outside autograd, whose bytes are all there is to it."""
+    return (
+        tensor.device.type == "cpu"
+        and not tensor.requires_grad
+        and tensor.layout == _torch().strided
+        and not tensor.is_quantized
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    )
+
+
+class _Finder(pickle.Pickler):
+    """Pickle a result's skeleton: every buffer in it, at any depth and in any object, is
+    replaced by its index in ``found`` (one index per object, however often it appears).
+    Everything else keeps its exact type (named tuples, ``torch.Size``, ``OrderedDict``,
+    dataclasses ...): pickle rebuilds it."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.found: list = []  # holds every buffer, so no id() below is reused meanwhile
+        self._index: dict[int, int] = {}
+        table = _dispatch_table()
+        if table is not None:
+            self.dispatch_table = table
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if not _is_buffer(obj):
+            return None
+        index = self._index.get(id(obj))
+        if index is None:
+            index = self._index[id(obj)] = len(self.found)
+            self.found.append(obj)
+        return index
+
+
+class _Loader(pickle.Unpickler):
+    """Rebuild a skeleton ``_Finder`` wrote, its buffers from the shared file."""
+
+    def __init__(self, data: bytes, slots: tuple, view: np.ndarray, copy: bool) -> None:
+        super().__init__(io.BytesIO(data))
+        self._slots, self._view, self._copy, self._memo = slots, view, copy, {}
+
+    def persistent_load(self, pid: Any) -> Any:
+        slot = self._slots[pid]
+        if slot not in self._memo:
+            self._memo[slot] = _rebuild_buffer(slot, self._view, self._copy, self._memo)
+        return self._memo[slot]
+
+
+class _Standalone(pickle.Pickler):
+    """The pickler for payloads that travel by pipe: a plain CPU tensor is written as its
+    bytes (``dumps``)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        table = _dispatch_table()
+        if table is not None:
+            self.dispatch_table = table
+
+
+def dumps(payload: Any) -> bytes:
+    """Pickle a payload so that it stands on its own: it can be read after the process that
+    wrote it is gone.
+
+    Never with ``multiprocessing``'s ``ForkingPickler``: once torch is imported, that sends a
+    tensor as a file descriptor the reader fetches from the writing process when it unpickles,
+    and a worker retired by a resize, or killed, has left by then (``ConnectionRefusedError``).
+    A plain CPU tensor is written as its bytes (only its own: a slice of a big tensor does
+    not carry the rest), cheaper than torch's standard pickling, which writes the whole
+    storage of every tensor through ``torch.save``.
+    """
+    file = io.BytesIO()
+    _Standalone(file).dump(payload)
+    return file.getvalue()
+
+
+def _dispatch_table() -> dict | None:
+    torch = _torch()
+    if torch is None:
+        return None
+    global _TABLE
+    if _TABLE is None:
+        table = copyreg.dispatch_table.copy()
+        table[torch.Tensor] = _reduce_tensor
+        _TABLE = table
+    return _TABLE
+
+
+_TABLE: dict | None = None
+
+
+def _reduce_tensor(tensor: Any) -> Any:
+    if not _plain_tensor(tensor):
+        return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    flat = tensor.detach().contiguous().reshape(-1).view(_torch().uint8).numpy()
+    return _tensor_from_bytes, (pickle.PickleBuffer(flat), str(tensor.dtype), tuple(tensor.shape))
+
+
+def _tensor_from_bytes(data: bytearray, dtype: str, shape: tuple[int, ...]) -> Any:
+    """A tensor ``_reduce_tensor`` wrote (it keeps ``data`` as its memory, no copy)."""
+    torch_dtype = _torch_dtype(dtype)
+    torch = _torch()
+    if len(data) == 0:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(shape, dtype=torch_dtype)
+    return torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype).reshape(shape)
 
 
 def _nbytes(buf: Any) -> int:
@@ -179,9 +286,11 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
     once and comes back as one object; tensors that are views of one storage are shipped as
     that storage and come back as views of one copy of it.
     """
-    found: list = []
-    _buffers(obj, found)
-    total = sum(_nbytes(b) for b in {id(b): b for b in found}.values())
+    file = io.BytesIO()
+    finder = _Finder(file)
+    finder.dump(obj)
+    found = finder.found
+    total = sum(_nbytes(b) for b in found)
     if total < min_bytes:
         return obj
     layout: dict[int, _Slot | _View] = {}
@@ -202,7 +311,7 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
             continue
         nbytes = _nbytes(buf)
         if isinstance(buf, bytes | bytearray):
-            layout[id(buf)] = place(nbytes, "bytes", "uint8", (nbytes,))
+            layout[id(buf)] = place(nbytes, type(buf).__name__, "uint8", (nbytes,))
         elif isinstance(buf, np.ndarray):
             layout[id(buf)] = place(nbytes, "numpy", buf.dtype.str, tuple(buf.shape))
         elif buf.untyped_storage().data_ptr() in shared:
@@ -230,7 +339,7 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
         base = 0
     try:
         view, target = np.frombuffer(region, dtype=np.uint8)[base:], None
-        copies = [(layout[id(b)], b) for b in {id(b): b for b in found}.values()]
+        copies = [(layout[id(b)], b) for b in found]
         copies += list(storages.values())
         for slot, buf in copies:
             if isinstance(slot, _View):
@@ -248,7 +357,8 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
             region.close()
     if pooled is not None:
         region[_IN_FLIGHT] = 1
-    return SharedPacket(path, size, _skeleton(obj, layout), pooled is not None)
+    slots = tuple(layout[id(b)] for b in found)
+    return SharedPacket(path, size, (file.getvalue(), slots), pooled is not None)
 
 
 def _shared_storages(found: list) -> set[int]:
@@ -269,18 +379,6 @@ def _shared_storages(found: list) -> set[int]:
         if 2 * sum(_nbytes(t) for t in tensors.values()) >= storage_bytes:
             shared.add(ptr)
     return shared
-
-
-def _skeleton(obj: Any, layout: dict[int, _Slot | _View]) -> Any:
-    if id(obj) in layout:
-        return layout[id(obj)]
-    if isinstance(obj, dict):
-        return {k: _skeleton(v, layout) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_skeleton(v, layout) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_skeleton(v, layout) for v in obj)
-    return obj
 
 
 def unpack(packet: SharedPacket, release: bool = True) -> Any:
@@ -351,25 +449,16 @@ def free(packet: SharedPacket) -> None:
             pool.mapped.pop(packet.path, None)
 
 
-def _rebuild(skeleton: Any, view: np.ndarray, copy: bool = False, memo: dict | None = None):
-    memo = {} if memo is None else memo
-    if isinstance(skeleton, _Slot | _View):
-        # A buffer placed once comes back as one object, however often the result holds it.
-        if skeleton not in memo:
-            memo[skeleton] = _rebuild_buffer(skeleton, view, copy, memo)
-        return memo[skeleton]
-    if isinstance(skeleton, dict):
-        return {k: _rebuild(v, view, copy, memo) for k, v in skeleton.items()}
-    if isinstance(skeleton, list):
-        return [_rebuild(v, view, copy, memo) for v in skeleton]
-    if isinstance(skeleton, tuple):
-        return tuple(_rebuild(v, view, copy, memo) for v in skeleton)
-    return skeleton
+def _rebuild(skeleton: tuple[bytes, tuple], view: np.ndarray, copy: bool = False) -> Any:
+    data, slots = skeleton
+    return _Loader(data, slots, view, copy).load()
 
 
 def _rebuild_buffer(slot: _Slot | _View, view: np.ndarray, copy: bool, memo: dict) -> Any:
     if isinstance(slot, _View):
-        storage = _rebuild(slot.storage, view, copy, memo)
+        if slot.storage not in memo:
+            memo[slot.storage] = _rebuild_buffer(slot.storage, view, copy, memo)
+        storage = memo[slot.storage]
         dtype = _torch_dtype(slot.dtype)
         return (
             _torch()
@@ -379,6 +468,8 @@ def _rebuild_buffer(slot: _Slot | _View, view: np.ndarray, copy: bool, memo: dic
     raw = view[slot.offset : slot.offset + slot.nbytes]
     if slot.kind == "bytes":
         return raw.tobytes()
+    if slot.kind == "bytearray":
+        return bytearray(raw)
     if slot.kind == "numpy":
         array = raw.view(np.dtype(slot.dtype)).reshape(slot.shape)
         return array.copy() if copy else array

@@ -27,7 +27,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 from agents.pipeline import heap, shm
@@ -61,10 +60,11 @@ class Encoded(NamedTuple):
 
 
 def encode(payload: Any) -> bytes:
-    """Pickle a payload for a worker's pipe (``Encoded`` payloads are passed through)."""
+    """Pickle a payload for a worker's pipe (``Encoded`` payloads are passed through): so
+    that it stands on its own, readable after its writer has gone (``shm.dumps``)."""
     if isinstance(payload, Encoded):
         return payload.data
-    return bytes(ForkingPickler.dumps(payload))
+    return shm.dumps(payload)
 
 
 def decode(payload: Any, release: bool = True) -> Any:

@@ -60,3 +60,20 @@ def not_a_pipeline() -> list:
 def other_stages() -> Pipeline:
     """Stages the stand-in's default job (read, parse) does not have."""
     return Pipeline(itertools.count(), [Stage("fetch", read), Stage("decode", parse)])
+
+
+def _stuck(n: int) -> int:
+    if n >= 3:
+        import time
+
+        time.sleep(600)  # user code that never returns in time
+    return n
+
+
+def build_stuck() -> Pipeline:
+    """``build()``'s stages, but ``read`` hangs in user code from its fourth item on."""
+    return Pipeline(
+        itertools.count(),
+        [Stage("read", _stuck, workers=2), Stage("parse", parse, kind="thread")],
+        queue_size=4,
+    )

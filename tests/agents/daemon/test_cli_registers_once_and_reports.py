@@ -91,7 +91,8 @@ def test_fusion_is_for_the_dlrm_pipeline_only(tmp_path):
         "--state-dir", str(tmp_path),
     )  # fmt: skip
     assert result.returncode != 0
-    assert "a module:factory pipeline fuses its own stages" in result.stderr
+    assert "--fuse apply to --pipeline dlrm only" in result.stderr
+    assert "fuses its own stages" in result.stderr
 
 
 def registered(control_plane, tmp_path, pipeline: str) -> list[str]:

@@ -1,8 +1,8 @@
 """Generated pipelines under generated operations, for the stress tests (short and soak forms).
 
 A scenario is a pipeline shape (1 to 6 stages, thread or process, items of a few bytes to a
-few MB on both sides of the shared-memory threshold, ordered or not, a function that sleeps,
-spins or raises) and a sequence of operations applied while the consumer takes items: live
+few MB on both sides of the shared-memory threshold, as bytes or as torch tensors, ordered or
+not, a function that sleeps, spins or raises) and a sequence of operations applied while the consumer takes items: live
 resizes, SIGKILL of a worker process (or of the launcher), and a stop that may come before
 the source is exhausted. Every operation runs under a bound; a bound that passes fails the
 run with every thread's stack, which is what a hang looks like.
@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import torch
 from hypothesis import strategies as st
 
 from agents.pipeline import Pipeline, Stage, StageFailed, shm
@@ -31,17 +32,26 @@ ITEM_BOUND_S = 30.0  # the longest the consumer may wait for one item
 SIZES = [8, 1024, 40_000, 200_000, 2_000_000]  # bytes; the shm threshold is 64 kB
 
 
+def _tensors(size: int) -> dict:
+    """A payload of torch tensors of about ``size`` bytes in all, a view among them: below
+    the shared-memory threshold they travel by pickle, above it through shared memory."""
+    data = torch.zeros(max(size // 4, 1), dtype=torch.float32)
+    return {"data": data, "head": data[:2], "shape": data.shape}
+
+
 @dataclass(frozen=True)
 class Step:
-    """One stage's function: carries ``(i, blob)`` on, with a blob of ``size`` bytes."""
+    """One stage's function: carries ``(i, blob)`` on, with a blob of ``size`` bytes (or
+    tensors of about that size, ``payload="tensor"``)."""
 
     name: str
     size: int
     behaviour: str  # "sleep", "spin", "raise", "none"
     ms: float
     raise_at: int = -1
+    payload: str = "bytes"  # "bytes" or "tensor"
 
-    def __call__(self, item: tuple[int, bytes]) -> tuple[int, bytes]:
+    def __call__(self, item: tuple[int, object]) -> tuple[int, object]:
         """Wait or spin, raise on item ``raise_at``, and pass the item's number on."""
         i, _ = item
         if self.behaviour == "raise" and i == self.raise_at:
@@ -52,6 +62,8 @@ class Step:
             end = time.perf_counter() + self.ms / 1000.0
             while time.perf_counter() < end:
                 pass
+        if self.payload == "tensor":
+            return i, _tensors(self.size)
         return i, bytes(self.size)
 
 
@@ -111,6 +123,7 @@ def scenarios(draw, max_stages: int = 6, max_items: int = 120, max_operations: i
                 behaviour=behaviour,
                 ms=draw(st.sampled_from([0.0, 0.5, 2.0, 5.0])),
                 raise_at=draw(st.integers(0, max(items - 1, 0))) if behaviour == "raise" else -1,
+                payload=draw(st.sampled_from(["bytes", "tensor"])),
             )
         )
     ordered = draw(st.lists(st.booleans(), min_size=n, max_size=n))
