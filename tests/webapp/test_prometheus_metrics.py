@@ -7,6 +7,7 @@ multi-process server and Celery worker.
 """
 
 import json
+import os
 import re
 import socket
 import threading
@@ -268,3 +269,25 @@ def test_the_grafana_dashboard_plots_only_metrics_the_endpoint_exposes(client, t
     # And every family the endpoint exposes is plotted.
     families = {f.name for f in text_string_to_metric_families(scrape_text(client, token))}
     assert {f for f in families if not any(q.startswith(f) for q in queried)} == set()
+
+
+def test_the_shared_directory_is_emptied_at_start_and_a_dead_workers_gauges_dropped(
+    tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from webapp.metrics import multiprocess
+
+    monkeypatch.setenv(multiprocess.ENV, "")  # restored after the test, whatever prepare() sets
+    stale = tmp_path / f"prometheus-{socket.gethostname()}"
+    stale.mkdir()
+    (stale / "counter_123.db").write_bytes(b"a previous run")
+    directory = multiprocess.prepare(tmp_path)
+    assert directory == stale and list(directory.iterdir()) == []
+    assert multiprocess.enabled() and str(directory) == os.environ[multiprocess.ENV]
+
+    (directory / "counter_456.db").write_bytes(b"")
+    (directory / "gauge_livesum_456.db").write_bytes(b"")
+    multiprocess.child_exit(None, SimpleNamespace(pid=456))
+    # A dead worker's counts stay (a counter must not go back), its live gauges go.
+    assert sorted(p.name for p in directory.iterdir()) == ["counter_456.db"]
