@@ -7,6 +7,8 @@ on Redis pub/sub, so each process serves many agents at once.
 import os
 
 from webapp.env import envint
+from webapp.metrics import multiprocess
+from webapp.settings import VAR_DIR
 
 bind = os.getenv("INTUNE_BIND", "127.0.0.1:8000")
 workers = envint("WEB_CONCURRENCY", 2)
@@ -24,3 +26,13 @@ loglevel = os.getenv("INTUNE_LOG_LEVEL", "info").lower()
 # gunicorn's control socket defaults to one path per user: two servers on a machine (the demo
 # and a test stack) would fight over it, and InTune does not use it.
 control_socket_disable = True
+
+
+def on_starting(server) -> None:
+    """Once, in the master, before the first worker: every worker counts its Prometheus metrics
+    in files of one shared directory, emptied here, and a scrape answered by any worker adds
+    them all up (docs/monitoring.md)."""
+    multiprocess.prepare(VAR_DIR)
+
+
+child_exit = multiprocess.child_exit

@@ -1,4 +1,4 @@
-"""URLs: the REST API under /api/v1/, its schema and docs, the dashboard, login."""
+"""URLs: the REST API under /api/v1/, its schema and docs, /metrics, the dashboard, login."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -9,6 +9,7 @@ from rest_framework.routers import DefaultRouter
 from webapp.ingestion.api.views import HostMetricsView
 from webapp.jobs.api.allocation import HostAllocationView
 from webapp.jobs.api.views import AuditView, HostDetailView, JobHostsView, JobViewSet, TokenView
+from webapp.metrics.views import MetricsView
 from webapp.tuning.api.views import HostDecisionsView, HostOverrideView, JobTuningView
 
 from . import api_schema  # noqa: F401 - registers the agent token's OpenAPI scheme
@@ -35,6 +36,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),
+    path("metrics", MetricsView.as_view(), name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

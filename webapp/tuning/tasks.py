@@ -1,6 +1,7 @@
 """Celery tasks of tuning: one short task per decision, chained; periodic housekeeping."""
 
 import logging
+import time
 from datetime import timedelta
 
 from celery import shared_task
@@ -10,6 +11,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from webapp.jobs.models import Host
+from webapp.metrics.decisions import record_decision
 
 from . import services
 from .models import Override, TuningSession
@@ -22,12 +24,15 @@ log = logging.getLogger(__name__)
 @shared_task(acks_late=True, soft_time_limit=30, time_limit=60)
 def run_tuning_step(session_id: int, expected_step: int) -> str:
     """Take the session's next decision when its metrics are fresh, then schedule the next task."""
+    started = time.perf_counter()
     try:
         outcome, delay = services.take_step(session_id, expected_step)
     except Exception as exc:  # a broken policy must stop its session, visibly, not loop forever
         log.exception("tuning session %s failed at step %s", session_id, expected_step)
         services.fail_session(session_id, f"{type(exc).__name__}: {exc}")
         return "failed"
+    if outcome == "decided":  # committed: count it where every web process can read it
+        record_decision(time.perf_counter() - started)
     if delay is not None:
         next_step = expected_step + 1 if outcome == "decided" else expected_step
         run_tuning_step.apply_async((session_id, next_step), countdown=delay)

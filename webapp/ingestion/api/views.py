@@ -14,6 +14,7 @@ from webapp.ingestion import services
 from webapp.ingestion.api.schema import metrics_batch_serializer
 from webapp.ingestion.validation import BatchError, validate_batch
 from webapp.jobs.models import Host
+from webapp.metrics.instruments import observe_batch
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
 from webapp.throttles import AgentRateThrottle
 
@@ -47,6 +48,14 @@ class HostMetricsView(APIView):
 
     def get_throttles(self):
         return [AgentRateThrottle()] if self.request.method == "POST" else []
+
+    def dispatch(self, request, *args, **kwargs):
+        started = time.perf_counter()
+        response = super().dispatch(request, *args, **kwargs)
+        if request.method == "POST":  # the whole server-side time: token, parsing, storing
+            stored = response.data.get("stored", 0) if response.status_code == 200 else 0
+            observe_batch(response.status_code, stored, time.perf_counter() - started)
+        return response
 
     @extend_schema(
         request=metrics_batch_serializer(),

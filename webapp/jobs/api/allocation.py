@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 from webapp import pubsub
 from webapp.jobs.models import Host
 from webapp.jobs.services import latest_allocation
+from webapp.metrics.instruments import held_long_poll
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
 from webapp.throttles import AgentRateThrottle
 
@@ -69,7 +70,8 @@ class HostAllocationView(APIView):
 
         version = current_version()
         if version <= after and wait > 0:
-            version = pubsub.wait_for_newer_version(host.pk, after, wait, current_version)
+            with held_long_poll():
+                version = pubsub.wait_for_newer_version(host.pk, after, wait, current_version)
         if version <= after:
             return Response(status=status.HTTP_204_NO_CONTENT)
         allocation = latest_allocation(host)
