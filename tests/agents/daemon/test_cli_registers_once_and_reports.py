@@ -12,6 +12,10 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 
 
+# An identity whose control plane is never reached: for what the agent refuses before it calls.
+UNREACHABLE = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
+
+
 def run_agent(*args: str, seconds: float = 2.0, env: dict | None = None):
     return subprocess.run(
         [sys.executable, "-m", "agents", *args, "--seconds", str(seconds), "--log-level", "INFO"],
@@ -66,18 +70,16 @@ def test_without_an_identity_it_says_what_to_pass(tmp_path):
 
 
 def test_a_bad_pipeline_spec_says_what_is_expected(tmp_path):
-    identity = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
     result = run_agent(
-        *identity, "--pipeline", "no_such_module:build", "--state-dir", str(tmp_path)
+        *UNREACHABLE, "--pipeline", "no_such_module:build", "--state-dir", str(tmp_path)
     )
     assert result.returncode != 0
     assert "cannot import 'no_such_module'" in result.stderr
 
 
 def test_a_fusion_that_cannot_be_made_is_refused_before_anything_runs(tmp_path):
-    identity = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
     result = run_agent(
-        *identity, "--fuse", "read+transform", "--state-dir", str(tmp_path), seconds=30
+        *UNREACHABLE, "--fuse", "read+transform", "--state-dir", str(tmp_path), seconds=30
     )
     assert result.returncode != 0
     assert "--fuse read+transform" in result.stderr
@@ -85,9 +87,8 @@ def test_a_fusion_that_cannot_be_made_is_refused_before_anything_runs(tmp_path):
 
 
 def test_fusion_is_for_the_dlrm_pipeline_only(tmp_path):
-    identity = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
     result = run_agent(
-        *identity, "--pipeline", "cli_pipelines:build", "--fuse", "a+b",
+        *UNREACHABLE, "--pipeline", "cli_pipelines:build", "--fuse", "a+b",
         "--state-dir", str(tmp_path),
     )  # fmt: skip
     assert result.returncode != 0
@@ -119,9 +120,8 @@ def test_a_failing_stage_stops_the_agent_with_the_error_and_a_failing_status(
 
 
 def test_a_factory_that_returns_no_pipeline_is_refused_with_what_it_lacks(tmp_path):
-    identity = ["--url", "http://127.0.0.1:9", "--host-id", "1", "--token", "ia_x"]
     result = run_agent(
-        *identity, "--pipeline", "cli_pipelines:not_a_pipeline", "--state-dir", str(tmp_path)
+        *UNREACHABLE, "--pipeline", "cli_pipelines:not_a_pipeline", "--state-dir", str(tmp_path)
     )
     assert result.returncode != 0
     assert "returned list, not a pipeline" in result.stderr
