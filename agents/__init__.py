@@ -56,8 +56,9 @@ def attach(
 
     On a host with several local ranks (``local_world_size``, or torchrun's
     ``LOCAL_WORLD_SIZE``, above one) the host has one agent for all of them: each rank's
-    pipeline reports to it over a local socket (``rank_socket``, or ``INTUNE_RANK_SOCKET``,
-    or an abstract name derived from ``url`` and ``host_id``) and applies the allocation it
+    pipeline reports to it over a local socket (``rank_socket``, or ``INTUNE_RANK_SOCKET``: a
+    path, or ``@name`` in Linux's abstract namespace; by default an abstract name derived from
+    ``url`` and ``host_id``) and applies the allocation it
     sends; the first rank to come up runs it, another takes over if that rank ends
     (``agents.daemon.ranks``, docs/architecture.md "Multi-rank hosts"). It returns a
     :class:`agents.daemon.ranks.RankAttachment`, which also has ``stop()``.
@@ -106,7 +107,9 @@ def attach(
         pipeline,
         rank,
         world,
-        rank_socket or host_ranks.default_address(config.url, config.host_id),
+        host_ranks.socket_address(rank_socket)
+        if rank_socket
+        else host_ranks.default_address(config.url, config.host_id),
         trainer_stats=stats,
         host_here=host_here,
         interval_s=config.interval_s,

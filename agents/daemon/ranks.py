@@ -49,12 +49,18 @@ RECONNECT_MAX_S = 2.0
 SOCKET_ENV = "INTUNE_RANK_SOCKET"
 
 
+def socket_address(spec: str) -> str:
+    """A socket given as a path, or as ``@name`` for Linux's abstract namespace (as ``ss``
+    writes it: an environment variable cannot hold the leading NUL byte)."""
+    return "\0" + spec[1:] if spec.startswith("@") else spec
+
+
 def default_address(url: str, host_id: int) -> str:
-    """The host agent's socket: ``INTUNE_RANK_SOCKET`` or an abstract name for this user, control
-    plane and host (a leading NUL: Linux's abstract namespace, gone with its owner)."""
+    """The host agent's socket: ``INTUNE_RANK_SOCKET`` (a path or ``@name``) or an abstract name
+    for this user, control plane and host (Linux's abstract namespace: gone with its owner)."""
     explicit = os.environ.get(SOCKET_ENV)
     if explicit:
-        return explicit
+        return socket_address(explicit)
     key = hashlib.sha256(f"{url.rstrip('/')}|{int(host_id)}".encode()).hexdigest()[:16]
     return f"\0intune-agent-{os.getuid()}-{key}"
 
@@ -177,7 +183,11 @@ def sum_stages(reports: list[list[dict]], names: list[str]) -> list[dict]:
         rows = [s for stages in reports for s in stages if s.get("name") == name]
         workers = sum(int(r.get("workers", 0)) for r in rows)
         busy = sum(int(r.get("workers", 0)) * float(r.get("busy_fraction", 0.0)) for r in rows)
-        stage = {"name": name, "workers": workers, "busy_fraction": busy / workers if workers else 0}
+        stage = {
+            "name": name,
+            "workers": workers,
+            "busy_fraction": busy / workers if workers else 0,
+        }
         for key in ("items_per_s", "in_queue", "out_queue", "queue_capacity", "cpu_percent"):
             stage[key] = sum(float(r.get(key, 0.0)) for r in rows)
         stage["rss_mb"] = sum(float(r.get("rss_mb", 0.0)) for r in rows)
@@ -349,8 +359,7 @@ class HostPipelines:
         with self._lock:
             self._lock.wait_for(
                 lambda: all(
-                    generation in r.answers or self._connected.get(r.rank) is not r
-                    for r in targets
+                    generation in r.answers or self._connected.get(r.rank) is not r for r in targets
                 ),
                 max(0.0, deadline - time.monotonic()),
             )
@@ -358,7 +367,9 @@ class HostPipelines:
             still = {r.rank: self._connected.get(r.rank) is r for r in targets}
         silent = [r for r in targets if answers[r.rank] == "" and still[r.rank]]
         for r in silent:
-            log.warning("rank %d did not answer allocation %s in time; disconnecting it", r.rank, workers)
+            log.warning(
+                "rank %d did not answer allocation %s in time; disconnecting it", r.rank, workers
+            )
             self._drop(r)
         refused = {rank: reason for rank, reason in answers.items() if reason}
         if refused:
@@ -439,7 +450,9 @@ class HostPipelines:
             replaced.lines.close()
         if in_force is not None and in_force != r.allocation:
             self._send(r, {"type": "allocation", "generation": generation, "workers": in_force})
-        log.info("rank %d (pid %d) joined; ranks connected: %s", rank, r.pid, self.connected_ranks())
+        log.info(
+            "rank %d (pid %d) joined; ranks connected: %s", rank, r.pid, self.connected_ranks()
+        )
         return r
 
     def _serve(self, conn: socket.socket) -> None:
@@ -714,9 +727,7 @@ class RankAttachment:
         self.stop()
 
 
-def local_rank_and_world(
-    rank: int | None = None, ranks: int | None = None
-) -> tuple[int, int]:
+def local_rank_and_world(rank: int | None = None, ranks: int | None = None) -> tuple[int, int]:
     """This process's local rank and the host's local world size: the arguments, else torchrun's
     ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, else rank 0 of 1."""
 
