@@ -123,3 +123,16 @@ def test_the_tuner_sees_one_ranks_share_and_its_allocation_fits_the_host_once_pe
     assert check_allocation(host, one_more) == one_more
     with pytest.raises(Exception, match=r"takes 14 CPU slots \(2 ranks x"):
         check_allocation(host, dict.fromkeys(job.stage_names, 1) | {"parse": 3})
+
+
+def test_the_job_page_lists_the_host_once_with_its_ranks_and_a_chart_per_rank(
+    client, operator, two_rank_host
+):
+    job, host, _ = two_rank_host
+    client.force_login(operator)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert html.count(f'<tr data-host-id="{host.pk}"') == 1
+    assert "12 CPU slots · 2 ranks" in html
+    assert 'id="chart-ranks"' in html
+    overview = client.get(f"/dashboard/api/hosts/{host.pk}/overview/").json()
+    assert overview["ranks"] == 2 and overview["budget"]["ranks"] == 2
