@@ -25,7 +25,13 @@ def roll_up_host(host: Host, *, raw_before: float, step: int, delete_before: flo
         HostSample.objects.filter(host=host, resolution_s=1, ts__lt=raw_before)
         .order_by("ts")
         .values(
-            "id", "seq", "ts", "allocation_version", "device", "worker_budget", "ranks",
+            "id",
+            "seq",
+            "ts",
+            "allocation_version",
+            "device",
+            "worker_budget",
+            "ranks",
             *HOST_SERIES,
         )  # fmt: skip
     )

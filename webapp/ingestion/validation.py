@@ -105,7 +105,9 @@ def validate_ranks(raw: Mapping, host: Mapping, where: str, stage_names: set[str
         raise BatchError(
             f"{where}.ranks: must be a list of at most host.ranks ({ranks}) entries, one per rank"
         )
-    rows = [validate_rank(r, f"{where}.ranks[{i}]", ranks, stage_names) for i, r in enumerate(listed)]
+    rows = [
+        validate_rank(r, f"{where}.ranks[{i}]", ranks, stage_names) for i, r in enumerate(listed)
+    ]
     numbers = [r["rank"] for r in rows]
     if len(set(numbers)) != len(numbers):
         raise BatchError(f"{where}.ranks: a rank is listed twice ({numbers})")

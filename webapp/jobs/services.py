@@ -64,9 +64,7 @@ def register_host(
     host.set_token(token)
     host.save()
     create_allocation(host, {stage: 1 for stage in stage_names}, Allocation.Source.DEFAULT)
-    audit(
-        user, "host.register", host=host, name=name, cpus=cpus, memory_mb=memory_mb, ranks=ranks
-    )
+    audit(user, "host.register", host=host, name=name, cpus=cpus, memory_mb=memory_mb, ranks=ranks)
     return host, token
 
 

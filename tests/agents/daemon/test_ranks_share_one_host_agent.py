@@ -31,9 +31,18 @@ def two_ranks():
 
 def attach_ranks(control_plane, host, pipelines, socket_name):
     return [
-        attach(pipelines[rank], url=control_plane.url, host_id=host.id, token=host.token,
-               rank=rank, local_world_size=2, rank_socket=socket_name,
-               interval_s=0.2, batch_seconds=0.3, poll_wait_s=1.0)  # fmt: skip
+        attach(
+            pipelines[rank],
+            url=control_plane.url,
+            host_id=host.id,
+            token=host.token,
+            rank=rank,
+            local_world_size=2,
+            rank_socket=socket_name,
+            interval_s=0.2,
+            batch_seconds=0.3,
+            poll_wait_s=1.0,
+        )  # fmt: skip
         for rank in range(2)
     ]
 
@@ -74,8 +83,10 @@ def test_two_ranks_report_as_one_host_and_both_apply_its_allocation(
         )
         wait_for(lambda: agent.applied_version == 3, what="the host to report it")
         wait_for(
-            lambda: {s["name"]: s["workers"] for s in host.samples[max(host.samples)]["stages"]}
-            == {"parse": 2 * fits["parse"], "transform": 2},
+            lambda: (
+                {s["name"]: s["workers"] for s in host.samples[max(host.samples)]["stages"]}
+                == {"parse": 2 * fits["parse"], "transform": 2}
+            ),
             what="samples summing both ranks' workers",
         )
     finally:
@@ -109,9 +120,11 @@ def test_the_other_rank_takes_over_when_the_host_agents_rank_ends(
             what="the remaining rank to apply the next allocation",
         )
         wait_for(
-            lambda: host.samples
-            and [r["rank"] for r in host.samples[max(host.samples)].get("ranks", [])]
-            == [other.rank],
+            lambda: (
+                host.samples
+                and [r["rank"] for r in host.samples[max(host.samples)].get("ranks", [])]
+                == [other.rank]
+            ),
             timeout=15,
             what="samples of the one rank left",
         )
