@@ -77,7 +77,7 @@ def bind_listener(address: str) -> socket.socket | None:
         listener.close()
         if exc.errno != errno.EADDRINUSE:
             raise
-        if address.startswith("\0") or _someone_listens(address):
+        if address.startswith("\0") or someone_listens(address):
             return None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(address)
@@ -98,7 +98,8 @@ def bind_listener_once(address: str) -> socket.socket | None:
     return listener
 
 
-def _someone_listens(address: str) -> bool:
+def someone_listens(address: str) -> bool:
+    """Whether a process accepts connections on ``address`` now."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
