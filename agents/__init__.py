@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agents.daemon.agent import Agent
+    from agents.daemon.ranks import RankAttachment
 
 __all__ = ["DataLoader", "attach"]
 
@@ -39,8 +40,11 @@ def attach(
     token: str | None = None,
     *,
     trainer_stats: Callable[[], dict] | None = None,
+    rank: int | None = None,
+    local_world_size: int | None = None,
+    rank_socket: str | None = None,
     **options: Any,
-) -> Agent:
+) -> Agent | RankAttachment:
     """Start an agent for ``pipeline`` in background threads and return it.
 
     ``url``, ``host_id`` and ``token`` default to ``INTUNE_URL``, ``INTUNE_HOST_ID`` and
@@ -49,6 +53,15 @@ def attach(
     given. Other keyword arguments are :class:`agents.daemon.AgentConfig` fields, e.g.
     ``interval_s=1.0``, ``worker_budget=12``, ``prometheus_port=9310``. Call ``agent.stop()``
     when training ends; the pipeline is not stopped for you.
+
+    On a host with several local ranks (``local_world_size``, or torchrun's
+    ``LOCAL_WORLD_SIZE``, above one) the host has one agent for all of them: each rank's
+    pipeline reports to it over a local socket (``rank_socket``, or ``INTUNE_RANK_SOCKET``: a
+    path, or ``@name`` in Linux's abstract namespace; by default an abstract name derived from
+    ``url`` and ``host_id``) and applies the allocation it
+    sends; the first rank to come up runs it, another takes over if that rank ends
+    (``agents.daemon.ranks``, docs/architecture.md "Multi-rank hosts"). It returns a
+    :class:`agents.daemon.ranks.RankAttachment`, which also has ``stop()``.
     """
     # Imported here so that ``import agents.pipeline`` in a worker process stays light.
     from agents.daemon.agent import Agent, AgentConfig
@@ -67,4 +80,38 @@ def attach(
             "INTUNE_HOST_ID and INTUNE_AGENT_TOKEN (register the host on the control plane first)"
         )
     config = AgentConfig(url=str(url), host_id=int(host_id), token=str(token), **options)
-    return Agent(pipeline, config, trainer_stats=trainer_stats).start()
+    from agents.daemon import ranks as host_ranks
+
+    rank, world = host_ranks.local_rank_and_world(rank, local_world_size)
+    if world == 1:
+        return Agent(pipeline, config, trainer_stats=trainer_stats).start()
+    stats = trainer_stats or getattr(pipeline, "consumer_stats", None)
+    if stats is None:
+        raise ValueError(
+            "attach() needs the trainer's stats: pass trainer_stats=callable, or a pipeline "
+            "with consumer_stats()"
+        )
+
+    def host_here(listener: Any) -> host_ranks.HostedAgent:
+        hub = host_ranks.HostPipelines(
+            listener, world, stages=host_ranks.stage_infos(pipeline), interval_s=config.interval_s
+        ).start()
+        try:
+            agent = Agent(hub, config).start()
+        except BaseException:
+            hub.stop()
+            raise
+        return host_ranks.HostedAgent(hub, agent)
+
+    link = host_ranks.RankLink(
+        pipeline,
+        rank,
+        world,
+        host_ranks.socket_address(rank_socket)
+        if rank_socket
+        else host_ranks.default_address(config.url, config.host_id),
+        trainer_stats=stats,
+        host_here=host_here,
+        interval_s=config.interval_s,
+    ).start()
+    return host_ranks.RankAttachment(link)

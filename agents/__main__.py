@@ -13,6 +13,10 @@ Examples::
     # a host registered already (token from the operator, or the state file)
     INTUNE_URL=http://intune:8000 INTUNE_HOST_ID=3 INTUNE_AGENT_TOKEN=ia_... \\
         intune-agent --pipeline mypkg.data:build_pipeline --no-train
+
+    # one agent for the 8 local ranks of a torchrun job: each rank's agents.attach() reports
+    # to it (without a sidecar, the first rank to start hosts the agent)
+    intune-agent --url http://intune:8000 --job 7 --api-token $TOKEN --sidecar --ranks 8
 """
 
 from __future__ import annotations
@@ -69,6 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir",
         default="~/.intune-agent",
         help="where the agent token and last sequence number are kept (default %(default)s)",
+    )
+    ranks = p.add_argument_group("multi-rank hosts (torchrun --nproc-per-node N)")
+    ranks.add_argument(
+        "--sidecar",
+        action="store_true",
+        help="run no pipeline: serve this host's local ranks, whose agents.attach() connect "
+        "over a local socket, as one host (docs/architecture.md, 'Multi-rank hosts')",
+    )
+    ranks.add_argument(
+        "--ranks",
+        type=int,
+        default=int(os.environ.get("LOCAL_WORLD_SIZE") or 1),
+        help="local ranks on this host (env LOCAL_WORLD_SIZE, default 1); registering sends it",
+    )
+    ranks.add_argument(
+        "--rank-socket",
+        default=None,
+        help="the ranks' socket: a path or @name (abstract); default INTUNE_RANK_SOCKET or a "
+        "name derived from --url and the host id, as agents.attach() derives it",
     )
     work = p.add_argument_group("pipeline and training")
     work.add_argument(
@@ -270,6 +293,7 @@ def resolve_identity(args: argparse.Namespace) -> tuple[Any, Any]:
             cpus=limits.cpus,
             memory_mb=round(limits.memory_limit_mb),
             worker_budget=args.worker_budget,
+            ranks=args.ranks,
         )
         state = AgentState(
             url=args.url.rstrip("/"),
@@ -342,9 +366,45 @@ class Consumer(threading.Thread):
             self._stop_agent.set()
 
 
+def serve_ranks(args: argparse.Namespace, config: Any, stop: threading.Event, remember: Any) -> int:
+    """``--sidecar``: the host's one agent for its local ranks, until stopped."""
+    from agents.daemon import ranks as host_ranks
+    from agents.daemon.agent import Agent
+
+    address = (
+        host_ranks.socket_address(args.rank_socket)
+        if args.rank_socket
+        else host_ranks.default_address(config.url, config.host_id)
+    )
+    listener = host_ranks.bind_listener(address)
+    if listener is None:
+        raise SystemExit(
+            f"another agent serves this host's ranks on {address.replace(chr(0), '@')} already"
+        )
+    hub = host_ranks.HostPipelines(listener, args.ranks, interval_s=args.interval).start()
+    deadline = time.monotonic() + args.seconds if args.seconds else None
+    agent = None
+    try:
+        log.info("waiting for the first of %d local ranks to attach", args.ranks)
+        while not hub.wait_for_stages(1.0):
+            if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                return 0
+        agent = Agent(hub, config, on_shipped=remember).start()
+        while not stop.wait(1.0):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+    finally:
+        if agent is not None:
+            agent.stop()
+        hub.stop()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until SIGINT/SIGTERM (or ``--seconds``); return the exit status."""
     args = build_parser().parse_args(argv)
+    if args.ranks < 1:
+        raise SystemExit(f"--ranks {args.ranks}: a host runs at least one rank")
     # One line per record in a log file or journald, rich on a terminal (agents/logs.py).
     configure_logging(args.log_level)
     if logging.getLogger().level > logging.DEBUG:
@@ -355,8 +415,6 @@ def main(argv: list[str] | None = None) -> int:
 
     # Who we are first: a missing token should not wait for a dataset to be generated.
     state, state_dir = resolve_identity(args)
-    pipeline = load_pipeline(args.pipeline, args.fuse, args.data_dir, args.bad_lines)
-    check_stages_match_the_job(state, pipeline)
     first_seq = max(time.time_ns() // 10**6, state.last_seq + 1)
 
     last_saved = [0.0]
@@ -372,8 +430,6 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    pipeline.start()
-    consumer, trainer_stats = start_consumer(pipeline, args, stop)
     config = AgentConfig(
         url=state.url,
         host_id=state.host_id,
@@ -387,6 +443,16 @@ def main(argv: list[str] | None = None) -> int:
         prometheus_port=args.prometheus_port,
         first_seq=first_seq,
     )
+    if args.sidecar:
+        try:
+            return serve_ranks(args, config, stop, remember)
+        finally:
+            if state_dir is not None:
+                state.save(state_dir)
+    pipeline = load_pipeline(args.pipeline, args.fuse, args.data_dir, args.bad_lines)
+    check_stages_match_the_job(state, pipeline)
+    pipeline.start()
+    consumer, trainer_stats = start_consumer(pipeline, args, stop)
     agent = Agent(pipeline, config, trainer_stats=trainer_stats, on_shipped=remember).start()
     deadline = time.monotonic() + args.seconds if args.seconds else None
     try:

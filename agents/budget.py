@@ -4,20 +4,22 @@ What is scarce on a trainer host is CPU and memory, not the number of workers. A
 computes keeps a CPU busy whenever it has work; a worker that waits (a thread fetching from an
 object store) uses little CPU however long it waits. So the budget counts CPU slots:
 
-- A host has ``cpu_slots(cpus, stages) = max(1, floor(cpus)) + stages`` slots: its whole CPUs
-  (at least one) plus one per stage. The operating system time-slices the CPUs among the
-  workers, as it does for tf.data's parallelism, so even a one-CPU host has a choice of how to
-  split them. ``--worker-budget`` on the agent, or ``worker_budget`` at registration, sets
-  another number of slots.
+- A host has ``cpu_slots(cpus, stages, ranks) = max(1, floor(cpus)) + stages * ranks`` slots:
+  its whole CPUs (at least one) plus one per stage of each local rank's pipeline (a host that
+  trains with ``torchrun --nproc-per-node N`` runs N pipelines; one rank is the default).
+  The operating system time-slices the CPUs among the workers, as it does for tf.data's
+  parallelism, so even a one-CPU host has a choice of how to split them. ``--worker-budget``
+  on the agent, or ``worker_budget`` at registration, sets another number of slots.
 - One worker of a stage takes ``worker_cpu`` slots: 1 until the stage has been measured, and 1
   when it computes. When its workers wait (one busy worker was measured to use less than half a
   CPU: ``cpu_percent / 100 / (workers * busy_fraction) < 0.5``), the CPU one busy worker uses,
   at least 1/64 of a slot.
-- An allocation takes ``sum(workers * worker_cpu)`` slots, at most the host's. A stage whose
-  workers wait has at most 64 workers (``MAX_WAITING_WORKERS``); every stage at most its own
-  ``max_workers``.
-- Its memory, ``sum(workers * memory_mb_per_worker)`` over the stages whose memory per worker is
-  known, is at most the memory budget.
+- An allocation is per rank: every local rank's pipeline runs it (docs/architecture.md,
+  "Multi-rank hosts"). It takes ``ranks * sum(workers * worker_cpu)`` slots, at most the
+  host's: the ranks share the host's CPUs and memory. A stage whose workers wait has at most
+  64 workers (``MAX_WAITING_WORKERS``); every stage at most its own ``max_workers``.
+- Its memory, ``ranks * sum(workers * memory_mb_per_worker)`` over the stages whose memory per
+  worker is known, is at most the memory budget.
 
 When the host's CPUs are saturated, a worker is measured using less CPU than it would use: time
 slicing, not waiting, holds it back. Then each stage's CPU per busy worker is divided by the
@@ -59,9 +61,10 @@ MEMORY_BUDGET_FRACTION = 0.8
 _EPSILON = 1e-9
 
 
-def cpu_slots(cpus: float, stage_count: int) -> int:
-    """Return the host's default CPU slots: its whole CPUs, at least one, plus one per stage."""
-    return max(1, math.floor(cpus)) + stage_count
+def cpu_slots(cpus: float, stage_count: int, ranks: int = 1) -> int:
+    """Return the host's default CPU slots: its whole CPUs, at least one, plus one per stage of
+    each of its ``ranks`` pipelines (so that one worker per stage per rank always fits)."""
+    return max(1, math.floor(cpus)) + stage_count * max(1, int(ranks))
 
 
 def default_memory_budget_mb(memory_limit_mb: float) -> float:
@@ -197,6 +200,20 @@ class HostBudget:
     memory_mb: float | None = None
     #: The host's CPUs, only to say them in messages.
     cpus: float | None = None
+    #: Local ranks (training processes) whose pipelines each run the allocation.
+    ranks: int = 1
+
+    def rank_share(self) -> HostBudget:
+        """One rank's share of the host: its slots, memory and CPUs divided by the ranks.
+
+        An allocation (per rank) fits the host exactly when it fits this share.
+        """
+        n = max(1, int(self.ranks))
+        return HostBudget(
+            self.cpu_slots / n,
+            None if self.memory_mb is None else self.memory_mb / n,
+            None if self.cpus is None else self.cpus / n,
+        )
 
 
 def _number(value: float) -> str:
@@ -218,9 +235,9 @@ def allocation_memory_mb(workers: Mapping[str, int], stages: Sequence[StageBudge
 
 
 def most_workers(stage: StageBudget, stages: Sequence[StageBudget], host: HostBudget) -> int:
-    """The most workers ``stage`` may have while every other stage keeps one worker."""
+    """The most workers ``stage`` may have (per rank) while every other stage keeps one."""
     others = sum(s.worker_cpu for s in stages if s.name != stage.name)
-    room = math.floor((host.cpu_slots - others) / stage.worker_cpu + _EPSILON)
+    room = math.floor((host.rank_share().cpu_slots - others) / stage.worker_cpu + _EPSILON)
     bound = stage.most_workers
     return max(1, min(room, bound) if bound is not None else room)
 
@@ -281,19 +298,24 @@ def allocation_problems(
 ) -> list[str]:
     """Every reason to refuse ``workers`` (stage name -> worker count); empty when it fits.
 
-    The allocation's shape (stages, counts, per-stage bounds) is checked first; the budgets only
-    when the shape is sound. ``waiting_tolerance`` lets waiting workers' CPU be that fraction
-    above the budget (the agent's, :data:`AGENT_WAITING_TOLERANCE`); the hints say how to allow
-    more and end the budget sentences.
+    ``workers`` is per rank: each of ``host.ranks`` pipelines runs it, so the host's CPU slots
+    and memory hold ``host.ranks`` times what it takes. The allocation's shape (stages, counts,
+    per-stage bounds) is checked first; the budgets only when the shape is sound.
+    ``waiting_tolerance`` lets waiting workers' CPU be that fraction above the budget (the
+    agent's, :data:`AGENT_WAITING_TOLERANCE`); the hints say how to allow more and end the
+    budget sentences.
     """
     problems = _shape_problems(workers, stages)
     if problems:
         return problems
     assert isinstance(workers, Mapping)
-    computing = sum(int(workers[s.name]) for s in stages if not s.waits)
-    waiting = sum(int(workers[s.name]) * s.worker_cpu for s in stages if s.waits)
+    ranks = max(1, int(host.ranks))
+    computing = ranks * sum(int(workers[s.name]) for s in stages if not s.waits)
+    waiting = ranks * sum(int(workers[s.name]) * s.worker_cpu for s in stages if s.waits)
     if computing + waiting / (1.0 + waiting_tolerance) > host.cpu_slots + _EPSILON:
         detail = ", ".join(f"{s.name} {workers[s.name]} x {_number(s.worker_cpu)}" for s in stages)
+        if ranks > 1:
+            detail = f"{ranks} ranks x ({detail})"
         cpus = f" ({_number(host.cpus)} CPUs)" if host.cpus is not None else ""
         hint = f" ({cpu_hint})" if cpu_hint else ""
         problems.append(
@@ -302,13 +324,15 @@ def allocation_problems(
             f"takes one slot, a worker that waits the CPU it was measured to use{hint}"
         )
     if host.memory_mb is not None:
-        needed = allocation_memory_mb(workers, stages)
+        needed = ranks * allocation_memory_mb(workers, stages)
         if needed > host.memory_mb + _EPSILON:
             detail = ", ".join(
                 f"{s.name}: {workers[s.name]} x {s.memory_mb_per_worker:.0f} MB"
                 for s in stages
                 if s.memory_mb_per_worker is not None
             )
+            if ranks > 1:
+                detail = f"{ranks} ranks x ({detail})"
             hint = f" ({memory_hint})" if memory_hint else ""
             problems.append(
                 f"the allocation needs about {needed:.0f} MB ({detail}) but the memory budget "

@@ -206,6 +206,7 @@ def register_host(
     cpus: float,
     memory_mb: float,
     worker_budget: int | None = None,
+    ranks: int = 1,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
     """Register this host under a job with a person's API token (``POST /jobs/{id}/hosts/``).
@@ -215,6 +216,8 @@ def register_host(
     """
     what = f"POST {API}/jobs/{job_id}/hosts/"
     body = {"name": name, "cpus": cpus, "memory_mb": memory_mb, "worker_budget": worker_budget}
+    if ranks > 1:  # a multi-rank host (docs/agent-protocol.md); absent means one rank
+        body["ranks"] = ranks
 
     def attempt() -> dict[str, Any]:
         try:

@@ -28,7 +28,7 @@ from agents.budget import WorkerCpuMeter, cpu_slots, default_memory_budget_mb
 from agents.client import ControlPlaneClient, ControlPlaneError
 from agents.daemon.buffer import SampleBuffer
 from agents.daemon.checks import StageLimits, check_allocation
-from agents.daemon.sample import stage_fields, trainer_fields
+from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
 from agents.host import HostSampler
 from agents.protocol import MAX_SAMPLES_PER_BATCH
 
@@ -135,8 +135,10 @@ class Agent:
             stop_event=self._stop,
         )
         self.stage_names = list(pipeline.stage_names)
+        # A host's local ranks (agents.daemon.ranks.HostPipelines) each run the allocation.
+        self.ranks = max(1, int(getattr(pipeline, "ranks", 1) or 1))
         self.worker_budget = config.worker_budget or cpu_slots(
-            self.host.limits.cpus, len(self.stage_names)
+            self.host.limits.cpus, len(self.stage_names), self.ranks
         )
         self.memory_budget_mb = config.memory_budget_mb or default_memory_budget_mb(
             self.host.limits.memory_limit_mb
@@ -183,9 +185,11 @@ class Agent:
             t.start()
             self._threads.append(t)
         log.info(
-            "agent started for host %s at %s: stages %s, budget %d CPU slots and %.0f MB",
+            "agent started for host %s at %s (%d rank(s)): stages %s, budget %d CPU slots and "
+            "%.0f MB",
             self.config.host_id,
             self.config.url,
+            self.ranks,
             ",".join(self.stage_names),
             self.worker_budget,
             self.memory_budget_mb,
@@ -262,6 +266,11 @@ class Agent:
         }
         self._next_seq += 1
         sample["trainer"] = trainer_fields(self.trainer_stats())
+        rank_fields = getattr(self.pipeline, "rank_fields", None)
+        if self.ranks > 1 and rank_fields is not None:
+            # One host, N ranks (docs/agent-protocol.md): the totals above, each rank here.
+            host["ranks"] = self.ranks
+            sample["ranks"] = rank_fields()
         return sample
 
     def _sample_loop(self) -> None:
@@ -270,6 +279,8 @@ class Agent:
         while not self._stop.wait(max(0.0, next_tick - time.monotonic())):
             try:
                 sample = self.take_sample()
+            except NothingToSample as exc:
+                log.debug("no sample this interval: %s", exc)
             except Exception:
                 # A pipeline that cannot report this second must not end reporting for good.
                 log.exception("could not take a sample; trying again in %.1f s", interval)
@@ -477,6 +488,7 @@ class Agent:
             self.worker_budget,
             self.memory_budget_mb,
             self.host.limits.cpus,
+            self.ranks,
         )
         if reason is None:
             before = dict(self.pipeline.allocation)

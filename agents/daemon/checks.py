@@ -24,16 +24,18 @@ def check_allocation(
     worker_budget: float,
     memory_budget_mb: float | None = None,
     cpus: float | None = None,
+    ranks: int = 1,
 ) -> str | None:
     """Return why ``workers`` (stage name -> worker count) must be refused, or ``None`` if fine.
 
-    ``worker_budget`` is the host's CPU slots. The checks run from the most to the least basic,
+    ``worker_budget`` is the host's CPU slots, shared by its ``ranks`` pipelines (``workers``
+    is per rank; :mod:`agents.budget`). The checks run from the most to the least basic,
     so the reason names the first problem.
     """
     problems = allocation_problems(
         workers,
         stages,
-        HostBudget(worker_budget, memory_budget_mb, cpus),
+        HostBudget(worker_budget, memory_budget_mb, cpus, ranks),
         waiting_tolerance=AGENT_WAITING_TOLERANCE,
         cpu_hint="set --worker-budget on the agent to allow more",
         memory_hint="set --memory-budget-mb on the agent to allow more",

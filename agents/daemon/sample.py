@@ -15,6 +15,11 @@ STAGE_INTS = ("workers", "in_queue", "out_queue", "queue_capacity")
 TRAINER_FLOATS = ("throughput", "idle_fraction", "step_ms", "wait_ms")
 
 
+class NothingToSample(RuntimeError):
+    """The pipeline has nothing to measure this interval (no rank of the host reported lately);
+    the agent skips the sample quietly."""
+
+
 def _number(value: object) -> float:
     try:
         x = float(value)  # type: ignore[arg-type]

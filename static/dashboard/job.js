@@ -60,6 +60,11 @@
       if (!merged.stages[name]) merged.stages[name] = emptySeries(Object.keys(series));
       mergeInto(merged.stages[name], series, cutFrom, keepFrom);
     }
+    merged.ranks = merged.ranks || {};
+    for (const [rank, series] of Object.entries(data.ranks || {})) {
+      if (!merged.ranks[rank]) merged.ranks[rank] = emptySeries(Object.keys(series));
+      mergeInto(merged.ranks[rank], series, cutFrom, keepFrom);
+    }
     return merged;
   }
 
@@ -113,6 +118,33 @@
       line: { color: stageColour[name], width: 1.8 }, hovertemplate: `%{y:,.0f} items/s<extra>${name}</extra>`,
     }));
     draw("chart-stages", traces, layout("Throughput per stage", { y: "items/s", uirevision: revision() }));
+  }
+
+  // A multi-rank host (torchrun --nproc-per-node N): each rank's samples/s, the slowest drawn
+  // thick, because DDP waits for it; the card is hidden on a host of one rank.
+  function drawRanks(m) {
+    const ranks = Object.keys(m.ranks || {}).sort((a, b) => Number(a) - Number(b));
+    const card = document.querySelector('[data-chart="ranks"]');
+    if (card) card.style.display = ranks.length < 2 ? "none" : "";
+    if (ranks.length < 2) return;
+    const mean = (values) => {
+      const v = values.filter((x) => x !== null);
+      return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null;
+    };
+    const rate = Object.fromEntries(ranks.map((r) => [r, mean(m.ranks[r].throughput)]));
+    const slowest = ranks.reduce((a, b) => (rate[b] !== null && (rate[a] === null || rate[b] < rate[a]) ? b : a));
+    const traces = ranks.map((r) => ({
+      x: toDates(m.ranks[r].ts), y: m.ranks[r].throughput, name: r === slowest ? `rank ${r} (slowest)` : `rank ${r}`,
+      mode: "lines", line: { color: r === slowest ? "#D55E00" : "#56B4E9", width: r === slowest ? 3 : 1.5 },
+      customdata: m.ranks[r].idle_fraction.map((v) => (v === null ? null : v * 100)),
+      hovertemplate: `%{y:,.0f} samples/s, waiting %{customdata:.0f} %<extra>rank ${r}</extra>`,
+    }));
+    draw("chart-ranks", traces, layout("Samples/s per rank (DDP waits for the slowest)", { y: "samples/s", uirevision: revision() }));
+    const fastest = ranks.reduce((a, b) => (rate[b] !== null && (rate[a] === null || rate[b] > rate[a]) ? b : a));
+    const idle = mean(m.ranks[slowest].idle_fraction);
+    $("note-ranks").textContent = `${ranks.length} ranks on this host. Rank ${slowest} is the slowest: ${fmt.rate(rate[slowest])} against ${fmt.rate(rate[fastest])} for rank ${fastest}`
+      + (idle === null ? "." : `; it waited for input ${(idle * 100).toFixed(1)} % of the time.`)
+      + " The host's throughput above is the sum over its ranks; an allocation is per rank and every rank runs it.";
   }
 
   // Allocations in force over time (stacked, as steps) and a marker at every change.
@@ -387,12 +419,14 @@
     const perWorker = {};
     for (const limit of (state.overview && state.overview.limits) || []) perWorker[limit.name] = limit.worker_cpu ?? 1;
     const workers = formWorkers();
-    const total = Math.round(Object.entries(workers).reduce((a, [name, n]) => a + (Number(n) || 0) * (perWorker[name] ?? 1), 0) * 100) / 100;
+    // The allocation is per rank: every rank of a multi-rank host runs it.
     const overview = state.overview;
+    const ranks = (overview && overview.budget && overview.budget.ranks) || (overview && overview.ranks) || 1;
+    const total = Math.round(ranks * Object.entries(workers).reduce((a, [name, n]) => a + (Number(n) || 0) * (perWorker[name] ?? 1), 0) * 100) / 100;
     const budget = overview ? (overview.budget ? overview.budget.cpu_slots : overview.worker_budget) : hostById(state.hostId).workerBudget;
     const over = Math.round((total - budget) * 100) / 100;
     const node = $("override-total");
-    node.textContent = `Total ${total} of ${budget} CPU slots${over > 0 ? ` — ${over} over the budget: the control plane will refuse this` : ""}.`;
+    node.textContent = `Total ${total}${ranks > 1 ? ` (${ranks} ranks, per-rank workers)` : ""} of ${budget} CPU slots${over > 0 ? ` — ${over} over the budget: the control plane will refuse this` : ""}.`;
     node.className = `total ${over > 0 ? "warn-text" : ""}`;
   }
 
@@ -523,6 +557,7 @@
     drawThroughput(metrics, overview);
     drawIdle(metrics);
     drawStages(metrics);
+    drawRanks(metrics);
     drawAllocation(state.allocations, overview, metrics);
     drawCpu(metrics, overview);
     drawMemory(metrics, overview);

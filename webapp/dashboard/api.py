@@ -144,6 +144,7 @@ class HostOverviewView(APIView):
                 "state": host.state,
                 "last_seen": host.last_seen.timestamp() if host.last_seen else None,
                 "cpus": host.cpus,
+                "ranks": host.ranks,
                 "memory_mb": host.memory_mb,
                 "worker_budget": host.worker_budget,
                 "allocation_version": host.allocation_version,

@@ -20,6 +20,9 @@ class HostSample(models.Model):
     memory_used_mb = models.FloatField()
     memory_limit_mb = models.FloatField()
     worker_budget = models.PositiveIntegerField(null=True, blank=True)
+    # The host's local ranks: ``throughput`` and the stages are summed over them, and each
+    # rank's own figures are a RankSample.
+    ranks = models.PositiveSmallIntegerField(default=1)
     throughput = models.FloatField()
     idle_fraction = models.FloatField()
     step_ms = models.FloatField(null=True, blank=True)
@@ -59,3 +62,22 @@ class StageSample(models.Model):
             models.Index(fields=["sample", "stage"], name="stagesample_sample_stage"),
             models.Index(fields=["host", "ts"], name="stagesample_host_ts"),
         ]
+
+
+class RankSample(models.Model):
+    """One local rank's trainer within a host sample of a multi-rank host: DDP waits for the
+    slowest rank, so each rank's throughput and idle time are kept."""
+
+    sample = models.ForeignKey(HostSample, on_delete=models.CASCADE, related_name="rank_samples")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="+")
+    ts = models.FloatField()
+    rank = models.PositiveSmallIntegerField()
+    throughput = models.FloatField()
+    idle_fraction = models.FloatField()
+    step_ms = models.FloatField(null=True, blank=True)
+    wait_ms = models.FloatField(null=True, blank=True)
+    # The rank's pipeline's workers per stage when it reported (the allocation it runs).
+    workers = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["host", "ts"], name="ranksample_host_ts")]

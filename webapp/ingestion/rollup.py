@@ -24,7 +24,16 @@ def roll_up_host(host: Host, *, raw_before: float, step: int, delete_before: flo
     raw = list(
         HostSample.objects.filter(host=host, resolution_s=1, ts__lt=raw_before)
         .order_by("ts")
-        .values("id", "seq", "ts", "allocation_version", "device", "worker_budget", *HOST_SERIES)
+        .values(
+            "id",
+            "seq",
+            "ts",
+            "allocation_version",
+            "device",
+            "worker_budget",
+            "ranks",
+            *HOST_SERIES,
+        )  # fmt: skip
     )
     buckets: dict[int, list[dict]] = defaultdict(list)
     for row in raw:
@@ -49,6 +58,8 @@ def roll_up_host(host: Host, *, raw_before: float, step: int, delete_before: flo
             allocation_version=max((r["allocation_version"] or 0) for r in rows),
             device=rows[-1]["device"],
             worker_budget=rows[-1]["worker_budget"],
+            # Each rank's own figures (RankSample) are kept at full resolution only.
+            ranks=rows[-1]["ranks"],
             **{field: mean(field) for field in HOST_SERIES},
         )
         per_stage: dict[str, list[dict]] = defaultdict(list)

@@ -22,13 +22,14 @@ from webapp.jobs.models import Host
 from webapp.jobs.services import Budget, latest_allocation, record_allocation_status
 
 from .inserts import MultiRowInsert
-from .models import HostSample, StageSample
+from .models import HostSample, RankSample, StageSample
 
 log = logging.getLogger(__name__)
 
 HOST_FIELDS = (
     "allocation_version", "cpus", "cpu_percent", "memory_used_mb", "memory_limit_mb",
     "worker_budget", "throughput", "idle_fraction", "step_ms", "wait_ms", "device", "per_cpu_percent",
+    "ranks",
 )  # fmt: skip
 
 
@@ -107,6 +108,13 @@ def store_batch(host: Host, batch: dict) -> dict:
         for s in fresh
         for stage in s["stages"]
     )
+    rank_rows = [
+        RankSample(sample_id=inserted[s["seq"]], host_id=host.pk, ts=s["ts"], **row)
+        for s in fresh
+        for row in s.get("rank_rows", ())
+    ]
+    if rank_rows:  # multi-rank hosts only: each rank's trainer (DDP waits for the slowest)
+        RankSample.objects.bulk_create(rank_rows)
     status = batch["allocation_status"]
     if status and ((status["applied_version"] or 0) > host.applied_version or status["refused"]):
         # Rare (once per new allocation): lock the host so concurrent reports apply in order.
@@ -150,6 +158,17 @@ def memory_mb_per_worker(host: Host) -> dict[str, float]:
         if row["stage"] not in per_worker and row["workers"] and row["rss_mb"]:
             per_worker[row["stage"]] = row["rss_mb"] / row["workers"]
     return per_worker
+
+
+def host_ranks(host: Host) -> int:
+    """The host's local ranks: what its agent reported last, else what it was registered with."""
+    reported = (
+        HostSample.objects.filter(host=host, resolution_s=1)
+        .order_by("-ts")
+        .values_list("ranks", flat=True)
+        .first()
+    )
+    return reported or host.ranks
 
 
 def effective_worker_budget(host: Host) -> int:
@@ -223,6 +242,7 @@ def series(host: Host, since: float, until: float, step: float) -> dict:
         target["ts"].append(row["mean_ts"])
         for key in STAGE_SERIES:
             target[key].append(row[key])
+    ranks, slowest = rank_series(host, since, until, step)
     return {
         "host": host.pk,
         "since": since,
@@ -230,7 +250,38 @@ def series(host: Host, since: float, until: float, step: float) -> dict:
         "step": step,
         "series": host_series,
         "stages": stages,
+        "ranks": ranks,
+        "slowest_rank": slowest,
     }
+
+
+RANK_SERIES = ("throughput", "idle_fraction", "step_ms", "wait_ms")
+
+
+def rank_series(host: Host, since: float, until: float, step: float) -> tuple[dict, int | None]:
+    """Each local rank's trainer series (multi-rank hosts; empty otherwise), averaged in buckets
+    of ``step`` seconds, and the slowest rank over the range: the one with the least mean
+    throughput, which DDP waits for (``None`` with fewer than two ranks)."""
+    from django.db.models import Avg
+    from django.db.models.functions import Floor
+
+    rows = (
+        RankSample.objects.filter(host=host, ts__gte=since, ts__lte=until)
+        .annotate(bucket=Floor(F("ts") / step))
+        .values("rank", "bucket")
+        .annotate(mean_ts=Avg("ts"), **{f: Avg(f) for f in RANK_SERIES})
+        .order_by("rank", "bucket")
+    )
+    ranks: dict[str, dict[str, list]] = {}
+    for row in rows:
+        target = ranks.setdefault(str(row["rank"]), {"ts": []} | {f: [] for f in RANK_SERIES})
+        target["ts"].append(row["mean_ts"])
+        for key in RANK_SERIES:
+            target[key].append(row[key])
+    if len(ranks) < 2:
+        return ranks, None
+    mean = {rank: fmean(s["throughput"]) for rank, s in ranks.items()}
+    return ranks, int(min(mean, key=lambda rank: (mean[rank], int(rank))))
 
 
 # Samples read back to measure what a worker costs: a minute at the agent's 1 Hz, of which the
@@ -274,7 +325,10 @@ def host_budget(host: Host, measurements: list | None = None) -> Budget:
         )
         for stage in host.job.stages.all()
     ]
-    return Budget(HostBudget(effective_worker_budget(host), host.memory_mb, host.cpus), stages)
+    return Budget(
+        HostBudget(effective_worker_budget(host), host.memory_mb, host.cpus, host_ranks(host)),
+        stages,
+    )
 
 
 def budget_summary(host: Host) -> dict:
@@ -285,8 +339,10 @@ def budget_summary(host: Host) -> dict:
     budget = host_budget(host, measurements)
     newest = latest_allocation(host)
     workers = newest.workers if newest is not None else {}
-    taken = allocation_cpu_slots(workers, budget.stages) if newest else None
-    memory = allocation_memory_mb(workers, budget.stages) if newest else None
+    # The allocation is per rank; every rank runs it.
+    ranks = budget.host.ranks
+    taken = ranks * allocation_cpu_slots(workers, budget.stages) if newest else None
+    memory = ranks * allocation_memory_mb(workers, budget.stages) if newest else None
     recent = measurements[-10:]
     cpu_used = (
         fmean(sum(s["cpu_percent"] for s in stages) / 100 for _, stages in recent)
@@ -303,8 +359,9 @@ def budget_summary(host: Host) -> dict:
             for s in budget.stages
             if s.waits
         )
+        per_rank = f" ({ranks} ranks x {taken / ranks:.1f})" if ranks > 1 else ""
         parts.append(
-            f"the allocation takes {taken:.1f} of {slots:g} CPU slots"
+            f"the allocation takes {taken:.1f}{per_rank} of {slots:g} CPU slots"
             + (f" ({waiting})" if waiting else "")
         )
     if memory:
@@ -313,6 +370,7 @@ def budget_summary(host: Host) -> dict:
         parts.append(f"memory budget {host.memory_mb:.0f} MB")
     return {
         "cpus": host.cpus,
+        "ranks": ranks,
         "cpu_slots": slots,
         "cpu_slots_taken": None if taken is None else round(taken, 3),
         "cpu_used": None if cpu_used is None else round(cpu_used, 3),

@@ -9,6 +9,8 @@ import math
 from collections.abc import Mapping
 
 MAX_SEQ = 2**63 - 1
+#: Most local ranks of one host (training processes on its accelerators).
+MAX_RANKS = 1024
 
 
 class BatchError(ValueError):
@@ -66,6 +68,52 @@ def validate_stage(raw, where: str, stage_names: set[str]) -> dict:
     }
 
 
+def validate_rank(raw, where: str, ranks: int, stage_names: set[str]) -> dict:
+    """One rank's trainer figures (and the workers its pipeline runs) in a multi-rank sample."""
+    raw = _object(raw, where)
+    workers = raw.get("workers")
+    if workers is not None:
+        workers = _object(workers, f"{where}.workers")
+        unknown = sorted(set(workers) - stage_names)
+        if unknown:
+            raise BatchError(
+                f"{where}.workers: unknown stage(s) {unknown}; this job's stages are "
+                f"{sorted(stage_names)}"
+            )
+        workers = {
+            name: _integer(count, f"{where}.workers.{name}", low=1, high=100_000)
+            for name, count in workers.items()
+        }
+    return {
+        "rank": _integer(raw.get("rank"), f"{where}.rank", high=ranks - 1),
+        "throughput": _number(raw.get("throughput"), f"{where}.throughput", high=1e12),
+        "idle_fraction": _number(raw.get("idle_fraction"), f"{where}.idle_fraction", high=1.0),
+        "step_ms": _optional(raw, "step_ms", where, high=1e9),
+        "wait_ms": _optional(raw, "wait_ms", where, high=1e9),
+        "workers": workers,
+    }
+
+
+def validate_ranks(raw: Mapping, host: Mapping, where: str, stage_names: set[str]) -> tuple:
+    """The host's local ranks (``host.ranks``, 1 when absent) and each rank's figures."""
+    count = host.get("ranks")
+    ranks = 1 if count is None else _integer(count, f"{where}.host.ranks", low=1, high=MAX_RANKS)
+    listed = raw.get("ranks")
+    if listed is None:
+        return ranks, []
+    if not isinstance(listed, list) or len(listed) > ranks:
+        raise BatchError(
+            f"{where}.ranks: must be a list of at most host.ranks ({ranks}) entries, one per rank"
+        )
+    rows = [
+        validate_rank(r, f"{where}.ranks[{i}]", ranks, stage_names) for i, r in enumerate(listed)
+    ]
+    numbers = [r["rank"] for r in rows]
+    if len(set(numbers)) != len(numbers):
+        raise BatchError(f"{where}.ranks: a rank is listed twice ({numbers})")
+    return ranks, rows
+
+
 def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
     raw = _object(raw, where)
     host = _object(raw.get("host"), f"{where}.host")
@@ -97,6 +145,7 @@ def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
         raise BatchError(f"{where}.trainer.device: must be a short string such as 'cpu' or 'cuda'")
     worker_budget = host.get("worker_budget")
     allocation_version = raw.get("allocation_version")
+    ranks, rank_rows = validate_ranks(raw, host, where, stage_names)
     return {
         "seq": _integer(raw.get("seq"), f"{where}.seq"),
         "ts": _number(raw.get("ts"), f"{where}.ts", low=0.0, high=1e11),
@@ -123,6 +172,8 @@ def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
         "wait_ms": _optional(trainer, "wait_ms", f"{where}.trainer", high=1e9),
         "device": device,
         "stages": stages,
+        "ranks": ranks,
+        "rank_rows": rank_rows,
     }
 
 

@@ -82,6 +82,9 @@ class Host(models.Model):
     cpus = models.FloatField()
     memory_mb = models.FloatField()
     worker_budget = models.PositiveIntegerField()
+    # Local ranks (training processes, ``torchrun --nproc-per-node``) whose pipelines share the
+    # host: each runs the allocation, which is per rank (agents.budget).
+    ranks = models.PositiveSmallIntegerField(default=1)
     token_hash = models.CharField(max_length=64, unique=True)
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.NEW)
     last_seen = models.DateTimeField(null=True, blank=True)

@@ -39,10 +39,18 @@ def register_job(*, user, name: str, stages: list[dict], description: str = "", 
 
 @transaction.atomic
 def register_host(
-    *, job: Job, user, name: str, cpus: float, memory_mb: float, worker_budget: int | None
+    *,
+    job: Job,
+    user,
+    name: str,
+    cpus: float,
+    memory_mb: float,
+    worker_budget: int | None,
+    ranks: int = 1,
 ) -> tuple[Host, str]:
-    """Register a host and its default allocation (one worker per stage). Returns the host and
-    its agent token, which is shown once and stored only as a hash."""
+    """Register a host and its default allocation (one worker per stage, per rank). Returns the
+    host and its agent token, which is shown once and stored only as a hash. A host of
+    ``ranks`` local ranks has, by default, one CPU slot per stage of each rank's pipeline."""
     stage_names = job.stage_names
     token = Host.new_token()
     host = Host(
@@ -50,12 +58,13 @@ def register_host(
         name=name,
         cpus=cpus,
         memory_mb=memory_mb,
-        worker_budget=worker_budget or cpu_slots(cpus, len(stage_names)),
+        worker_budget=worker_budget or cpu_slots(cpus, len(stage_names), ranks),
+        ranks=ranks,
     )
     host.set_token(token)
     host.save()
     create_allocation(host, {stage: 1 for stage in stage_names}, Allocation.Source.DEFAULT)
-    audit(user, "host.register", host=host, name=name, cpus=cpus, memory_mb=memory_mb)
+    audit(user, "host.register", host=host, name=name, cpus=cpus, memory_mb=memory_mb, ranks=ranks)
     return host, token
 
 

@@ -21,9 +21,17 @@ def build_observation(
     host: Host, samples: list[HostSample], budget: Budget | None = None
 ) -> Observation:
     """Average the window into one Observation, with the host's budget (``host_budget``): the
-    tuner is shown the CPU slots each worker takes that the control plane checks against."""
+    tuner is shown the CPU slots each worker takes that the control plane checks against.
+
+    On a host of N local ranks the samples hold the host's totals and the allocation is per
+    rank, so the tuner is shown one rank's share: the totals (workers, rates, CPU, memory,
+    samples/s) and the host's CPUs, slots and memory divided by N. Its decision is the
+    allocation every rank runs; its reward, the log change of throughput, is the log change
+    of the host's total samples/s (N does not change within a session's window).
+    """
     stage_specs = {stage.name: stage for stage in host.job.stages.all()}
     budget = budget or host_budget(host)
+    ranks = max(1, samples[-1].ranks if samples else budget.host.ranks)
     worker_cpu = {stage.name: stage.worker_cpu for stage in budget.stages}
     rows = StageSample.objects.filter(sample__in=samples).values()
     by_stage: dict[str, list[dict]] = {name: [] for name in stage_specs}
@@ -32,17 +40,18 @@ def build_observation(
     stages = []
     for name, spec in stage_specs.items():
         measured = by_stage.get(name) or []
-        workers = measured[-1]["workers"] if measured else 1
-        rss = fmean(r["rss_mb"] for r in measured) if measured else 0.0
+        total_workers = measured[-1]["workers"] if measured else ranks
+        workers = max(1, round(total_workers / ranks))
+        rss = fmean(r["rss_mb"] for r in measured) / ranks if measured else 0.0
         capacity = fmean(r["queue_capacity"] for r in measured) if measured else 0.0
         out_queue = fmean(r["out_queue"] for r in measured) if measured else 0.0
         stages.append(
             StageObservation(
                 name=name,
                 workers=workers,
-                items_per_s=fmean(r["items_per_s"] for r in measured) if measured else 0.0,
+                items_per_s=fmean(r["items_per_s"] for r in measured) / ranks if measured else 0.0,
                 busy_fraction=fmean(r["busy_fraction"] for r in measured) if measured else 0.0,
-                cpu_percent=fmean(r["cpu_percent"] for r in measured) if measured else None,
+                cpu_percent=fmean(r["cpu_percent"] for r in measured) / ranks if measured else None,
                 worker_cpu=worker_cpu.get(name, 1.0),
                 queue_fill=min(1.0, out_queue / capacity) if capacity else 0.0,
                 max_workers=spec.max_workers,
@@ -53,20 +62,24 @@ def build_observation(
     return Observation(
         stages=stages,
         host=HostObservation(
-            cpus=fmean(s.cpus for s in samples),
+            cpus=fmean(s.cpus for s in samples) / ranks,
             cpu_percent=fmean(s.cpu_percent for s in samples),
-            memory_limit_mb=min(host.memory_mb, fmean(s.memory_limit_mb for s in samples)),
-            memory_used_mb=fmean(s.memory_used_mb for s in samples),
-            worker_budget=budget.host.cpu_slots,
+            memory_limit_mb=min(host.memory_mb, fmean(s.memory_limit_mb for s in samples)) / ranks,
+            memory_used_mb=fmean(s.memory_used_mb for s in samples) / ranks,
+            worker_budget=int(budget.host.cpu_slots / ranks + 1e-9),
         ),
-        throughput=fmean(s.throughput for s in samples),
+        throughput=fmean(s.throughput for s in samples) / ranks,
         trainer_idle_fraction=fmean(s.idle_fraction for s in samples),
     )
 
 
-def summarise(observation: Observation) -> dict:
-    """The observation as stored with a decision: small, JSON, readable in the dashboard."""
+def summarise(observation: Observation, ranks: int = 1) -> dict:
+    """The observation as stored with a decision: small, JSON, readable in the dashboard. On a
+    multi-rank host it is one rank's share (``build_observation``); ``host_throughput`` is the
+    host's total."""
     return {
+        "ranks": ranks,
+        "host_throughput": round(observation.throughput * ranks, 3),
         "throughput": round(observation.throughput, 3),
         "trainer_idle_fraction": round(observation.trainer_idle_fraction, 4),
         "host": {

@@ -169,7 +169,7 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
             session=session,
             host=host,
             step=session.steps,
-            observation=summarise(observation),
+            observation=summarise(observation, window[-1].ranks),
             action=decision.action[:200],
             q_values=decision.q_values,
             reward=decision.reward,

@@ -34,21 +34,30 @@ def protocol_samples(host: Host, limit: int = 1200) -> list[dict]:
     samples = []
     for row in reversed(rows):
         row_stages = sorted(stages.get(row.pk, []), key=lambda s: order.get(s["name"], 0))
+        # A multi-rank host's samples hold its totals; the twin, like the tuner's observation
+        # (webapp/tuning/observations.py), is one rank's share of the host.
+        n = max(1, row.ranks)
         for stage in row_stages:
             if limits.get(stage["name"]) is not None:
                 stage["max_workers"] = limits[stage["name"]]
+            if n > 1:
+                stage["workers"] = max(1, round(stage["workers"] / n))
+                for key in ("items_per_s", "in_queue", "out_queue", "queue_capacity"):
+                    stage[key] /= n
+                stage["cpu_percent"] /= n
+                stage["rss_mb"] /= n
         samples.append(
             {
                 "seq": row.seq,
                 "ts": row.ts,
                 "host": {
-                    "cpus": row.cpus,
+                    "cpus": row.cpus / n,
                     "cpu_percent": row.cpu_percent,
-                    "memory_used_mb": row.memory_used_mb,
-                    "memory_limit_mb": min(row.memory_limit_mb, host.memory_mb),
-                    "worker_budget": host.worker_budget,
+                    "memory_used_mb": row.memory_used_mb / n,
+                    "memory_limit_mb": min(row.memory_limit_mb, host.memory_mb) / n,
+                    "worker_budget": host.worker_budget // n,
                 },
-                "trainer": {"throughput": row.throughput, "idle_fraction": row.idle_fraction},
+                "trainer": {"throughput": row.throughput / n, "idle_fraction": row.idle_fraction},
                 "stages": row_stages,
             }
         )
@@ -62,10 +71,13 @@ def fit_host_twin(host: Host) -> dict | None:
     if len(samples) < MIN_SAMPLES_FOR_TWIN:
         return None
     scenario = tuner_lib.fit_scenario(samples, name=f"{host.job.name}/{host.name}")
-    scenario["host"]["worker_budget"] = host.worker_budget
+    # One rank's share of the host (protocol_samples); the host's best is N times that.
+    ranks = max(1, HostSample.objects.filter(host=host).order_by("-ts").first().ranks)
+    scenario["host"]["worker_budget"] = host.worker_budget // ranks
     best = optimum(scenario_from_dict(scenario), scenario_from_dict(scenario).host_at(0))
     scenario["estimated_best"] = {
-        "throughput": best.throughput,
+        "throughput": best.throughput * ranks,
+        "ranks": ranks,
         "allocation": dict(
             zip([s["name"] for s in scenario["stages"]], best.allocation, strict=True)
         ),

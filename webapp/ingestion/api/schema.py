@@ -72,6 +72,10 @@ SAMPLE = {
                 "memory_used_mb": _number(0.0, 1e9),
                 "memory_limit_mb": _number(1.0, 1e9),
                 "worker_budget": _integer(1, 100_000, nullable=True),
+                "ranks": {
+                    **_integer(1, 1024, nullable=True),
+                    "description": "the host's local ranks (training processes); 1 when absent",
+                },
             },
             "required": ["cpus", "cpu_percent", "memory_used_mb", "memory_limit_mb"],
         },
@@ -92,6 +96,29 @@ SAMPLE = {
             "minItems": 1,
             "maxItems": MAX_STAGES,
             "description": "every stage of the job exactly once",
+        },
+        "ranks": {
+            "type": "array",
+            "maxItems": 1024,
+            "description": "a multi-rank host's ranks, each once (at most host.ranks, each rank "
+            "below it): the trainer and stages above are the host's totals",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "rank": _integer(0, 1023),
+                    "throughput": _number(0.0, 1e12),
+                    "idle_fraction": _number(0.0, 1.0),
+                    "step_ms": _number(0.0, 1e9, nullable=True),
+                    "wait_ms": _number(0.0, 1e9, nullable=True),
+                    "workers": {
+                        "type": "object",
+                        "nullable": True,
+                        "additionalProperties": _integer(1, 100_000),
+                        "description": "the workers per stage the rank's pipeline runs",
+                    },
+                },
+                "required": ["rank", "throughput", "idle_fraction"],
+            },
         },
     },
     "required": ["seq", "ts", "host", "trainer", "stages"],

@@ -202,6 +202,13 @@ class HostSerializer(StrictModelSerializer):
     worker_budget = StrictIntegerField(
         min_value=1, max_value=100_000, required=False, allow_null=True
     )
+    ranks = StrictIntegerField(
+        min_value=1,
+        max_value=1024,
+        required=False,
+        help_text="Local ranks (training processes, torchrun --nproc-per-node) sharing the "
+        "host; each runs the allocation, which is per rank. Default 1.",
+    )
     state = serializers.ChoiceField(choices=HOST_STATES, read_only=True)
     allocation = serializers.SerializerMethodField()
     override = serializers.SerializerMethodField()
@@ -210,7 +217,7 @@ class HostSerializer(StrictModelSerializer):
     class Meta:
         model = Host
         fields = [
-            "id", "job", "name", "cpus", "memory_mb", "worker_budget", "budget", "state", "last_seen",
+            "id", "job", "name", "cpus", "memory_mb", "worker_budget", "ranks", "budget", "state", "last_seen",
             "allocation_version", "applied_version", "dropped_samples", "allocation", "override", "created_at",
         ]  # fmt: skip
         read_only_fields = [

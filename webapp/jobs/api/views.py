@@ -141,6 +141,7 @@ class JobHostsView(generics.ListCreateAPIView):
                 cpus=data["cpus"],
                 memory_mb=data["memory_mb"],
                 worker_budget=data.get("worker_budget"),
+                ranks=data.get("ranks", 1),
             )
         except IntegrityError as exc:
             raise ValidationError(

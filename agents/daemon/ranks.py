@@ -1,0 +1,753 @@
+"""One agent per host for every local rank: the host's pipelines, and each rank's link to them.
+
+A host that trains with ``torchrun --nproc-per-node N`` runs N training processes (ranks), each
+with its own input pipeline, all on the same CPUs. The control plane sees one host
+(docs/architecture.md, "Multi-rank hosts"):
+
+- :class:`HostPipelines` listens on a local Unix socket (by default in Linux's abstract
+  namespace, so a dead owner leaves no file behind) and gathers the ranks' reports. To the
+  agent (:class:`agents.daemon.Agent`) it is one pipeline: a stage's workers, rates, queues,
+  CPU and memory summed over the ranks, the trainer's throughput summed (the host's samples/s),
+  and ``apply`` sends the allocation, which is per rank, to every rank and waits (bounded) for
+  each to apply it.
+- :class:`RankLink` runs in each rank, in a background thread: it connects, says hello (rank,
+  stages, allocation), reports its stage metrics and trainer stats every interval and applies
+  what it receives. When nobody listens, the first rank to bind the socket hosts the agent in
+  its own process (``host_here``); the others connect to it. When the host agent dies, the
+  ranks keep their allocation and reconnect, and one of them takes over, with bounded waits.
+  Nothing here runs in the training thread: a step never waits on the socket.
+
+The wire format is one JSON object per line; a line is at most :data:`MAX_LINE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
+
+log = logging.getLogger("agents.daemon.ranks")
+
+#: Largest message on the local socket (a report of 16 stages is a few kB).
+MAX_LINE_BYTES = 2**20
+#: A rank that has said nothing for this many report intervals is left out of the host's sums.
+STALE_INTERVALS = 5
+#: Bounds of a rank's wait between two attempts to reach (or become) the host agent.
+RECONNECT_MIN_S = 0.05
+RECONNECT_MAX_S = 2.0
+SOCKET_ENV = "INTUNE_RANK_SOCKET"
+
+
+def socket_address(spec: str) -> str:
+    """A socket given as a path, or as ``@name`` for Linux's abstract namespace (as ``ss``
+    writes it: an environment variable cannot hold the leading NUL byte)."""
+    return "\0" + spec[1:] if spec.startswith("@") else spec
+
+
+def default_address(url: str, host_id: int) -> str:
+    """The host agent's socket: ``INTUNE_RANK_SOCKET`` (a path or ``@name``) or an abstract name
+    for this user, control plane and host (Linux's abstract namespace: gone with its owner)."""
+    explicit = os.environ.get(SOCKET_ENV)
+    if explicit:
+        return socket_address(explicit)
+    key = hashlib.sha256(f"{url.rstrip('/')}|{int(host_id)}".encode()).hexdigest()[:16]
+    return f"\0intune-agent-{os.getuid()}-{key}"
+
+
+def bind_listener(address: str) -> socket.socket | None:
+    """Bind and listen on ``address``; ``None`` when another process holds it already.
+
+    A path left behind by a dead owner (nobody accepts on it) is removed and bound again.
+    """
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        if address.startswith("\0") or someone_listens(address):
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(address)
+        return bind_listener_once(address)
+    listener.listen(64)
+    return listener
+
+
+def bind_listener_once(address: str) -> socket.socket | None:
+    """One more bind after a stale path was removed (another rank may have won the race)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address)
+    except OSError:
+        listener.close()
+        return None
+    listener.listen(64)
+    return listener
+
+
+def someone_listens(address: str) -> bool:
+    """Whether a process accepts connections on ``address`` now."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(address)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+class _Lines:
+    """Newline-delimited JSON over a stream socket, bounded."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = b""
+        self._send_lock = threading.Lock()
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def receive(self, timeout_s: float) -> dict | None:
+        """The next message, or ``None`` when none came within ``timeout_s``; raises
+        ``ConnectionError`` when the other side closed, ``ValueError`` on a bad line."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                return None
+            if not chunk:
+                raise ConnectionError("the other side closed the connection")
+            self._buffer += chunk
+            if len(self._buffer) > MAX_LINE_BYTES and b"\n" not in self._buffer:
+                raise ValueError(f"a message longer than {MAX_LINE_BYTES} bytes")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message = json.loads(line)
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise ValueError(f"not a message: {line[:200]!r}")
+        return message
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """What the agent's checks need of a stage that runs in another process."""
+
+    name: str
+    kind: str = "process"
+    max_workers: int | None = None
+
+
+def stage_infos(pipeline: Any) -> list[StageInfo]:
+    """The stages of a local pipeline (``agents.pipeline.Pipeline`` or ``agents.DataLoader``)."""
+    stages = {getattr(s, "name", None): s for s in getattr(pipeline, "stages", [])}
+    infos = []
+    for name in pipeline.stage_names:
+        stage = stages.get(name)
+        bound = getattr(stage, "ceiling", None) or getattr(stage, "max_workers", None)
+        infos.append(
+            StageInfo(name, str(getattr(stage, "kind", "process")), int(bound) if bound else None)
+        )
+    return infos
+
+
+def sum_stages(reports: list[list[dict]], names: list[str]) -> list[dict]:
+    """The host's stages from each rank's: counts, rates, queues, CPU and memory summed; the
+    busy fraction weighted by workers (so workers x busy is the host's busy workers)."""
+    out = []
+    for name in names:
+        rows = [s for stages in reports for s in stages if s.get("name") == name]
+        workers = sum(int(r.get("workers", 0)) for r in rows)
+        busy = sum(int(r.get("workers", 0)) * float(r.get("busy_fraction", 0.0)) for r in rows)
+        stage = {
+            "name": name,
+            "workers": workers,
+            "busy_fraction": busy / workers if workers else 0,
+        }
+        for key in ("items_per_s", "in_queue", "out_queue", "queue_capacity", "cpu_percent"):
+            stage[key] = sum(float(r.get(key, 0.0)) for r in rows)
+        stage["rss_mb"] = sum(float(r.get("rss_mb", 0.0)) for r in rows)
+        out.append(stage)
+    return out
+
+
+class _Rank:
+    """One connected rank, as the host sees it."""
+
+    def __init__(self, rank: int, pid: int, lines: _Lines, allocation: dict) -> None:
+        self.rank = rank
+        self.pid = pid
+        self.lines = lines
+        self.allocation = dict(allocation)
+        self.report: dict | None = None
+        self.reported_at = time.monotonic()
+        self.answers: dict[int, str | None] = {}  # generation -> None (applied) or the reason
+
+
+class HostPipelines:
+    """Every local rank's pipeline, as one pipeline for the agent (see the module docstring).
+
+    ``listener`` is a bound, listening Unix socket (:func:`bind_listener`); ``ranks`` the
+    host's local world size; ``stages`` the pipeline's stages, or ``None`` to learn them from
+    the first rank's hello (:meth:`wait_for_stages`).
+    """
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        ranks: int,
+        *,
+        stages: list[StageInfo] | None = None,
+        interval_s: float = 1.0,
+        apply_timeout_s: float = 10.0,
+    ) -> None:
+        if ranks < 1:
+            raise ValueError(f"a host runs at least one rank, got {ranks}")
+        self.listener = listener
+        self.ranks = int(ranks)
+        self.interval_s = interval_s
+        self.apply_timeout_s = apply_timeout_s
+        self._stages = list(stages) if stages else None
+        self._lock = threading.Condition()
+        self._connected: dict[int, _Rank] = {}
+        self._in_force: dict[str, int] | None = None
+        self._generation = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> HostPipelines:
+        """Accept ranks in a background thread."""
+        t = threading.Thread(target=self._accept_loop, name="intune-ranks-accept", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        """Close the socket and every rank's connection (the ranks keep their allocation)."""
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self._lock:
+            connected = list(self._connected.values())
+            self._connected.clear()
+            self._lock.notify_all()
+        for r in connected:
+            r.lines.close()
+
+    def wait_for_stages(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the stages are known from a rank's hello."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._stages is not None, timeout_s)
+
+    # -- what the agent reads ---------------------------------------------------------------
+
+    @property
+    def stages(self) -> list[StageInfo]:
+        """The pipeline's stages (each rank runs the same)."""
+        return list(self._stages or [])
+
+    @property
+    def stage_names(self) -> list[str]:
+        """The pipeline's stage names."""
+        return [s.name for s in self._stages or []]
+
+    @property
+    def allocation(self) -> dict[str, int]:
+        """The allocation in force per rank: the last applied, else rank 0's (or the lowest)."""
+        with self._lock:
+            if self._in_force is not None:
+                return dict(self._in_force)
+            if self._connected:
+                return dict(self._connected[min(self._connected)].allocation)
+        return {name: 1 for name in self.stage_names}
+
+    def connected_ranks(self) -> list[int]:
+        """The ranks connected now."""
+        with self._lock:
+            return sorted(self._connected)
+
+    def _live_reports(self) -> list[tuple[int, dict, dict]]:
+        fresh_after = time.monotonic() - STALE_INTERVALS * max(self.interval_s, 0.2)
+        with self._lock:
+            return [
+                (r.rank, r.report, dict(r.allocation))
+                for r in sorted(self._connected.values(), key=lambda r: r.rank)
+                if r.report is not None and r.reported_at >= fresh_after
+            ]
+
+    def metrics(self) -> list[dict]:
+        """Each stage summed over the ranks that reported lately (:func:`sum_stages`)."""
+        live = self._live_reports()
+        if not live:
+            raise NothingToSample("no rank has reported lately")
+        return sum_stages([report["stages"] for _, report, _ in live], self.stage_names)
+
+    def consumer_stats(self) -> dict:
+        """The host's trainer: samples/s summed over the ranks, the other figures averaged."""
+        live = self._live_reports()
+        trainers = [report["trainer"] for _, report, _ in live]
+        if not trainers:
+            return {"throughput": 0.0, "idle_fraction": 0.0, "device": "cpu"}
+        n = len(trainers)
+        return {
+            "throughput": sum(t["throughput"] for t in trainers),
+            "idle_fraction": sum(t["idle_fraction"] for t in trainers) / n,
+            "step_ms": sum(t["step_ms"] for t in trainers) / n,
+            "wait_ms": sum(t["wait_ms"] for t in trainers) / n,
+            "device": trainers[0].get("device", "cpu"),
+        }
+
+    def rank_fields(self) -> list[dict]:
+        """Each live rank's trainer figures and allocation, for the sample's ``ranks`` list."""
+        return [
+            {
+                "rank": rank,
+                "throughput": report["trainer"]["throughput"],
+                "idle_fraction": report["trainer"]["idle_fraction"],
+                "step_ms": report["trainer"]["step_ms"],
+                "wait_ms": report["trainer"]["wait_ms"],
+                "workers": allocation,
+            }
+            for rank, report, allocation in self._live_reports()
+        ]
+
+    # -- allocations ------------------------------------------------------------------------
+
+    def apply(self, workers: dict[str, int]) -> None:
+        """Send a per-rank allocation to every connected rank and wait (bounded) for each to
+        apply it; a rank that refuses it refuses it for the host (the ranks that applied it go
+        back to the previous one), a rank silent past ``apply_timeout_s`` is disconnected (it
+        reconnects and is sent the allocation in force). Ranks that connect later get it too."""
+        workers = {str(k): int(v) for k, v in workers.items()}
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+            previous = self._in_force
+            self._in_force = dict(workers)
+            targets = list(self._connected.values())
+        message = {"type": "allocation", "generation": generation, "workers": workers}
+        for r in targets:
+            self._send(r, message)
+        deadline = time.monotonic() + self.apply_timeout_s
+        with self._lock:
+            self._lock.wait_for(
+                lambda: all(
+                    generation in r.answers or self._connected.get(r.rank) is not r for r in targets
+                ),
+                max(0.0, deadline - time.monotonic()),
+            )
+            answers = {r.rank: r.answers.get(generation, "") for r in targets}
+            still = {r.rank: self._connected.get(r.rank) is r for r in targets}
+        silent = [r for r in targets if answers[r.rank] == "" and still[r.rank]]
+        for r in silent:
+            log.warning(
+                "rank %d did not answer allocation %s in time; disconnecting it", r.rank, workers
+            )
+            self._drop(r)
+        refused = {rank: reason for rank, reason in answers.items() if reason}
+        if refused:
+            with self._lock:
+                self._in_force = previous
+            if previous is not None:
+                back = {"type": "allocation", "generation": generation, "workers": previous}
+                for r in targets:
+                    if answers[r.rank] is None:
+                        self._send(r, back)
+            raise RuntimeError(
+                "; ".join(f"rank {rank} refused it: {reason}" for rank, reason in refused.items())
+            )
+
+    # -- the socket -------------------------------------------------------------------------
+
+    def _send(self, r: _Rank, message: dict) -> None:
+        try:
+            r.lines.send(message)
+        except OSError as exc:
+            log.info("rank %d is gone (%s)", r.rank, exc)
+            self._drop(r)
+
+    def _drop(self, r: _Rank) -> None:
+        with self._lock:
+            if self._connected.get(r.rank) is r:
+                del self._connected[r.rank]
+            self._lock.notify_all()
+        r.lines.close()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.05)
+                continue
+            threading.Thread(
+                target=self._serve, args=(conn,), name="intune-ranks-conn", daemon=True
+            ).start()
+
+    def _hello(self, lines: _Lines) -> _Rank | None:
+        hello = lines.receive(10.0)
+        if hello is None or hello.get("type") != "hello":
+            raise ValueError(f"expected a hello first, got {hello!r}"[:300])
+        rank, ranks = hello.get("rank"), hello.get("ranks")
+        stages = [StageInfo(**s) for s in hello.get("stages", [])]
+        names = [s.name for s in stages]
+        problem = None
+        if not isinstance(rank, int) or not 0 <= rank < self.ranks:
+            problem = f"rank {rank!r} is not one of this host's {self.ranks} local ranks"
+        elif ranks != self.ranks:
+            problem = (
+                f"this rank says the host runs {ranks} local ranks but the host agent serves "
+                f"{self.ranks}; start every rank with the same LOCAL_WORLD_SIZE"
+            )
+        with self._lock:
+            if problem is None and self._stages is None:
+                self._stages = stages
+                self._lock.notify_all()
+            if problem is None and names != self.stage_names:
+                problem = (
+                    f"rank {rank}'s pipeline has stages {names} but the host's has "
+                    f"{self.stage_names}; every rank must run the same pipeline"
+                )
+            if problem is not None:
+                lines.send({"type": "error", "reason": problem})
+                log.error("refused a rank: %s", problem)
+                return None
+            r = _Rank(rank, int(hello.get("pid", 0)), lines, hello.get("allocation") or {})
+            replaced = self._connected.get(rank)
+            self._connected[rank] = r
+            in_force = self._in_force
+            generation = self._generation
+        if replaced is not None:
+            replaced.lines.close()
+        if in_force is not None and in_force != r.allocation:
+            self._send(r, {"type": "allocation", "generation": generation, "workers": in_force})
+        log.info(
+            "rank %d (pid %d) joined; ranks connected: %s", rank, r.pid, self.connected_ranks()
+        )
+        return r
+
+    def _serve(self, conn: socket.socket) -> None:
+        lines = _Lines(conn)
+        r = None
+        try:
+            r = self._hello(lines)
+            if r is None:
+                return
+            silence = STALE_INTERVALS * max(self.interval_s, 0.2) * 4
+            while not self._stop.is_set():
+                message = lines.receive(silence)
+                if message is None:
+                    raise TimeoutError(f"rank {r.rank} said nothing for {silence:.0f} s")
+                self._handle(r, message)
+        except (OSError, ValueError, TypeError, KeyError, ConnectionError) as exc:
+            if not self._stop.is_set():
+                log.info("rank connection ended: %s", exc)
+        finally:
+            if r is not None:
+                self._drop(r)
+                log.info("rank %d left; ranks connected: %s", r.rank, self.connected_ranks())
+            else:
+                lines.close()
+
+    def _handle(self, r: _Rank, message: dict) -> None:
+        kind = message["type"]
+        with self._lock:
+            if kind == "report":
+                r.report = {
+                    "stages": [stage_fields(s) for s in message["stages"]],
+                    "trainer": trainer_fields(message["trainer"]),
+                }
+                r.allocation = dict(message.get("allocation") or r.allocation)
+                r.reported_at = time.monotonic()
+            elif kind in ("applied", "refused"):
+                generation = int(message["generation"])
+                r.answers[generation] = (
+                    None if kind == "applied" else str(message.get("reason") or "refused")
+                )
+                if kind == "applied":
+                    r.allocation = dict(message.get("allocation") or r.allocation)
+                # Keep the answers of the last few generations only.
+                for old in [g for g in r.answers if g < generation - 8]:
+                    del r.answers[old]
+                self._lock.notify_all()
+            else:
+                raise ValueError(f"unknown message type {kind!r}")
+
+
+class RankLink:
+    """A rank's side: report to the host agent and apply what it sends (see the module doc).
+
+    ``host_here(listener)`` is called when this rank bound the socket first: it must start the
+    host agent on it (a :class:`HostPipelines` and an agent) and return an object with
+    ``stop()``. ``trainer_stats`` returns the rank's trainer stats (``consumer_stats`` keys).
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        rank: int,
+        ranks: int,
+        address: str,
+        *,
+        trainer_stats: Callable[[], dict],
+        host_here: Callable[[socket.socket], Any] | None = None,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.pipeline = pipeline
+        self.rank = rank
+        self.ranks = ranks
+        self.address = address
+        self.trainer_stats = trainer_stats
+        self.host_here = host_here
+        self.interval_s = interval_s
+        self.hosted: Any = None  # what host_here returned, while this rank hosts the agent
+        self.applied_total = 0
+        self.refused_total = 0
+        self.connections = 0
+        self.connected = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lines: _Lines | None = None
+
+    def start(self) -> RankLink:
+        """Start the link's background thread."""
+        self._thread = threading.Thread(
+            target=self._run, name=f"intune-rank{self.rank}-link", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop reporting; stop the host agent too when this rank hosts it."""
+        self._stop.set()
+        lines = self._lines
+        if lines is not None:
+            lines.close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self.hosted is not None:
+            self.hosted.stop()
+            self.hosted = None
+
+    @property
+    def hosting(self) -> bool:
+        """Whether this rank's process runs the host agent."""
+        return self.hosted is not None
+
+    def _connect(self) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(2.0)
+        try:
+            sock.connect(self.address)
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+    def _reach_host(self) -> socket.socket | None:
+        sock = self._connect()
+        if sock is not None or self.host_here is None or self.hosted is not None:
+            return sock
+        listener = bind_listener(self.address)
+        if listener is None:
+            return None  # another rank is becoming the host agent: connect next time
+        log.info("rank %d hosts the agent for the host's %d ranks", self.rank, self.ranks)
+        try:
+            self.hosted = self.host_here(listener)
+        except Exception:
+            listener.close()
+            raise
+        return self._connect()
+
+    def _run(self) -> None:
+        wait = RECONNECT_MIN_S
+        while not self._stop.is_set():
+            try:
+                sock = self._reach_host()
+            except Exception:
+                log.exception("rank %d could not start the host agent", self.rank)
+                sock = None
+            if sock is None:
+                self._stop.wait(wait)
+                wait = min(RECONNECT_MAX_S, wait * 2)
+                continue
+            wait = RECONNECT_MIN_S
+            self._lines = _Lines(sock)
+            try:
+                self._serve(self._lines)
+            except (OSError, ValueError, TypeError, KeyError, ConnectionError) as exc:
+                if not self._stop.is_set():
+                    log.warning(
+                        "rank %d lost the host agent (%s); keeping allocation %s, reconnecting",
+                        self.rank,
+                        exc,
+                        self.pipeline.allocation,
+                    )
+            finally:
+                self.connected.clear()
+                self._lines.close()
+                self._lines = None
+
+    def _serve(self, lines: _Lines) -> None:
+        lines.send(
+            {
+                "type": "hello",
+                "rank": self.rank,
+                "ranks": self.ranks,
+                "pid": os.getpid(),
+                "stages": [s.__dict__ for s in stage_infos(self.pipeline)],
+                "allocation": dict(self.pipeline.allocation),
+            }
+        )
+        self.connections += 1
+        self.connected.set()
+        next_report = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            message = lines.receive(max(0.0, next_report - time.monotonic()))
+            if message is not None:
+                self._handle(lines, message)
+            if time.monotonic() >= next_report:
+                lines.send(
+                    {
+                        "type": "report",
+                        "stages": [stage_fields(m) for m in self.pipeline.metrics()],
+                        "trainer": trainer_fields(self.trainer_stats()),
+                        "allocation": dict(self.pipeline.allocation),
+                    }
+                )
+                next_report += self.interval_s
+                if next_report < time.monotonic():
+                    next_report = time.monotonic() + self.interval_s
+
+    def _handle(self, lines: _Lines, message: dict) -> None:
+        kind = message["type"]
+        if kind == "error":
+            # The host agent refused this rank (another pipeline, another world size): say so
+            # and try again slowly; training goes on with the allocation it has.
+            log.error("the host agent refused rank %d: %s", self.rank, message.get("reason"))
+            self._stop.wait(RECONNECT_MAX_S * 5)
+            raise ConnectionError("refused by the host agent")
+        if kind != "allocation":
+            raise ValueError(f"unknown message type {kind!r}")
+        generation = message["generation"]
+        try:
+            self.pipeline.apply(dict(message["workers"]))
+        except Exception as exc:  # the pipeline's own checks, or a failure to resize
+            self.refused_total += 1
+            log.warning("rank %d refused allocation %s: %s", self.rank, message["workers"], exc)
+            lines.send({"type": "refused", "generation": generation, "reason": str(exc)})
+            return
+        self.applied_total += 1
+        log.info("rank %d applied allocation %s", self.rank, message["workers"])
+        lines.send(
+            {
+                "type": "applied",
+                "generation": generation,
+                "allocation": dict(self.pipeline.allocation),
+            }
+        )
+
+
+class HostedAgent:
+    """The host agent a rank's process runs: the ranks' socket and the agent that reports them."""
+
+    def __init__(self, hub: HostPipelines, agent: Any) -> None:
+        self.hub = hub
+        self.agent = agent
+
+    def stop(self) -> None:
+        """Stop the agent (its last batch goes out), then close the ranks' socket."""
+        self.agent.stop()
+        self.hub.stop()
+
+
+class RankAttachment:
+    """What :func:`agents.attach` returns in a rank of a multi-rank host."""
+
+    def __init__(self, link: RankLink) -> None:
+        self.link = link
+
+    @property
+    def rank(self) -> int:
+        """This process's local rank."""
+        return self.link.rank
+
+    @property
+    def ranks(self) -> int:
+        """The host's local world size."""
+        return self.link.ranks
+
+    @property
+    def agent(self) -> Any:
+        """The host's agent when this rank's process runs it, else ``None``."""
+        return self.link.hosted.agent if self.link.hosted is not None else None
+
+    @property
+    def applied_total(self) -> int:
+        """Allocations this rank applied."""
+        return self.link.applied_total
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop reporting (and the host agent when this rank runs it); the pipeline goes on."""
+        self.link.stop(timeout_s)
+
+    def __enter__(self) -> RankAttachment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def local_rank_and_world(rank: int | None = None, ranks: int | None = None) -> tuple[int, int]:
+    """This process's local rank and the host's local world size: the arguments, else torchrun's
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, else rank 0 of 1."""
+
+    def read(value: int | None, env: str, default: int) -> int:
+        if value is not None:
+            return int(value)
+        raw = os.environ.get(env)
+        if raw in (None, ""):
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{env}={raw!r} is not a whole number (torchrun sets it)") from None
+
+    rank = read(rank, "LOCAL_RANK", 0)
+    ranks = read(ranks, "LOCAL_WORLD_SIZE", 1)
+    if ranks < 1 or not 0 <= rank < ranks:
+        raise ValueError(
+            f"local rank {rank} of {ranks} ranks: a rank is between 0 and the local world size "
+            "minus one (LOCAL_RANK, LOCAL_WORLD_SIZE)"
+        )
+    return rank, ranks

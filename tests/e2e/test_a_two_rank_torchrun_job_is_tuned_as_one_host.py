@@ -1,0 +1,119 @@
+"""A 2-rank DDP job (torchrun --nproc-per-node 2, gloo, CPU) training the DLRM model is tuned as
+one host, with every part real: the web server, a Celery worker, Redis, the database, torchrun's
+two training processes, their pipelines and the one host agent one of them runs.
+
+The host is registered once with its two ranks, both ranks report through the one agent, a
+tuning session decides, both ranks apply the decision, and at no sample do the ranks' workers
+together exceed the host's budget.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
+from webapp.stack.supervisor import wait_until
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_two_rank_ddp_job_is_registered_tuned_and_kept_within_the_host_budget(
+    live_stack, tmp_path
+):
+    person = live_stack.create_user("ranks-operator", role="operator")
+    job_id, host_id, agent_token = live_stack.register_job_and_host(
+        person["token"],
+        {
+            "name": "ddp-dlrm",
+            "stages": [{"name": s} for s in DLRM_STAGES],
+            "tuner": "intune",
+            "decision_interval_s": 2,
+        },
+        {"name": "ddp-host", "cpus": 2, "memory_mb": 8192, "ranks": 2},
+    )
+    stop_file = tmp_path / "stop"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = os.environ | {
+        "INTUNE_URL": live_stack.url,
+        "INTUNE_HOST_ID": str(host_id),
+        "INTUNE_AGENT_TOKEN": agent_token,
+        "INTUNE_RANK_SOCKET": f"@intune-e2e-{uuid.uuid4().hex}",
+        "PYTHONPATH": str(ROOT),
+    }
+    log_path = tmp_path / "torchrun.log"
+    with open(log_path, "w") as log_file:
+        ranks = subprocess.Popen(
+            [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "agents.dlrm.ddp",
+             "--seconds", "80", "--stop-file", str(stop_file), "--batch-size", "256",
+             "--rows", "8192", "--report", str(tmp_path)],
+            env=env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        with live_stack.client(person["token"]) as api:
+
+            def both_ranks_reported():
+                metrics = api.get(
+                    f"/api/v1/hosts/{host_id}/metrics/", params={"since": time.time() - 120}
+                ).json()
+                return metrics if len(metrics["ranks"]) == 2 else None
+
+            wait_until(both_ranks_reported, 45, interval=1, what="samples of both ranks")
+            assert api.post(f"/api/v1/jobs/{job_id}/tuning/", json={}).status_code == 201
+
+            def policy_allocation_applied():
+                state = api.get(f"/api/v1/hosts/{host_id}/").json()
+                allocation = state["allocation"]
+                if allocation["source"] == "policy" and allocation["status"] == "applied":
+                    return state
+                return None
+
+            state = wait_until(
+                policy_allocation_applied, 40, interval=1, what="a policy allocation applied"
+            )
+            chosen = state["allocation"]["workers"]
+            assert chosen != dict.fromkeys(DLRM_STAGES, 1), "the decision changed the allocation"
+            hosts = api.get(f"/api/v1/jobs/{job_id}/hosts/").json()
+            assert len(hosts["results"] if isinstance(hosts, dict) else hosts) == 1
+            assert state["ranks"] == 2 and state["budget"]["ranks"] == 2
+            budget = state["worker_budget"]
+            assert budget == 2 + 2 * len(DLRM_STAGES)
+
+            def samples_show_both_ranks_running_it():
+                stages = api.get(
+                    f"/api/v1/hosts/{host_id}/metrics/", params={"since": time.time() - 5}
+                ).json()["stages"]
+                return all(
+                    stages[name]["workers"] and stages[name]["workers"][-1] == 2 * count
+                    for name, count in chosen.items()
+                )
+
+            wait_until(
+                samples_show_both_ranks_running_it, 20, interval=1, what="both ranks' workers"
+            )
+            metrics = api.get(
+                f"/api/v1/hosts/{host_id}/metrics/", params={"since": time.time() - 300}
+            ).json()
+        stop_file.touch()
+        assert ranks.wait(timeout=30) == 0, log_path.read_text()[-4000:]
+    finally:
+        if ranks.poll() is None:
+            ranks.kill()
+            ranks.wait(10)
+    # The ranks' workers together never took more than the host's CPU slots (every worker
+    # counted as one slot: a waiting worker takes less).
+    stage_workers = [metrics["stages"][name]["workers"] for name in DLRM_STAGES]
+    totals = [sum(counts) for counts in zip(*stage_workers, strict=True)]
+    assert totals and max(totals) <= budget, (totals, budget)
+    assert metrics["slowest_rank"] in (0, 1)
+    reports = [json.loads((tmp_path / f"report-rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["final_allocation"] for r in reports] == [chosen, chosen], "both ranks applied it"
+    assert sum(r["hosted_agent"] for r in reports) == 1, "one agent for the host"
+    assert reports[0]["steps"] == reports[1]["steps"] > 0, "DDP kept the ranks in step"
