@@ -44,6 +44,10 @@ INGESTION_SECONDS = Histogram(
     buckets=INGESTION_BUCKETS,
     registry=REGISTRY,
 )
+# The usual refusals are there from the start, at 0, so that a rate() of them is 0, not absent.
+for _status in ("400", "401", "403", "409", "429"):
+    REFUSED.labels(_status)
+
 HELD_LONG_POLLS = Gauge(
     "intune_held_long_polls",
     "Allocation long-polls waiting for a newer version now",
