@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -140,11 +141,27 @@ def online(tuning_seconds: float, interval: float, spec: str = "dlrm") -> dict:
         "final_throughput": statistics.fmean(window) if window else 0.0,
         "final_allocation": final["workers"],
         "decisions": len(decisions),
+        # What the tuner did, oldest first: why a run ends where it ends.
+        "decision_log": [
+            {
+                "step": d["step"],
+                "t": round(_epoch(d["created_at"]) - started, 1),
+                "action": d["action"],
+                "workers": d["workers"],
+                "reward": d["reward"],
+                "throughput": (d.get("observation") or {}).get("throughput"),
+            }
+            for d in sorted(decisions, key=lambda d: d["step"])
+        ],
         "trajectory": [
             {"t": round(ts - started, 1), "throughput": t}
             for ts, t in zip(series["ts"], series["throughput"], strict=True)
         ],
     }
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def main(argv: list[str] | None = None) -> int:
