@@ -16,6 +16,9 @@ them all).
    same pipeline, starting at one worker per stage, starts an InTune tuning session, and reads
    the throughput the agent reports. The figure is the mean of the last 10 s before the deadline
    (default 60 s after tuning started) divided by the exhaustive best.
+3. Side by side: the best allocation and the one InTune ended on, measured alternately on one
+   pipeline with the control plane stopped, so that the allocation's quality is told apart from
+   what the online run shared the cores with.
 
 Both runs consume batches without training (``--no-train``), so the figure is the pipeline's.
 """
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -95,6 +99,37 @@ def exhaustive(
     return best["allocation"], best["throughput"], results
 
 
+def side_by_side(
+    allocations: list[dict], seconds: float, settle: float, spec: str, rounds: int = 3
+) -> list[float]:
+    """The median samples/s of each allocation, measured alternately ``rounds`` times on one
+    pipeline resized live (no control plane running): whether the allocation InTune ended on
+    is as good as the reference, apart from what the online run shared the cores with."""
+    pipeline = build(spec).start()
+    stop = threading.Event()
+
+    def drain():
+        for _ in pipeline:
+            if stop.is_set():
+                return
+
+    consumer = threading.Thread(target=drain, daemon=True)
+    consumer.start()
+    rates: list[list[float]] = [[] for _ in allocations]
+    try:
+        for _ in range(rounds):
+            for i, allocation in enumerate(allocations):
+                pipeline.apply(allocation)
+                time.sleep(settle)
+                pipeline.consumer_stats()
+                time.sleep(seconds)
+                rates[i].append(pipeline.consumer_stats()["throughput"])
+    finally:
+        stop.set()
+        pipeline.stop()
+    return [statistics.median(r) for r in rates]
+
+
 def online(tuning_seconds: float, interval: float, spec: str = "dlrm") -> dict:
     stage_names = build(spec).stage_names
     with LiveStack(Path(tempfile.mkdtemp(prefix="intune-online-")), beat=True) as stack:
@@ -140,11 +175,27 @@ def online(tuning_seconds: float, interval: float, spec: str = "dlrm") -> dict:
         "final_throughput": statistics.fmean(window) if window else 0.0,
         "final_allocation": final["workers"],
         "decisions": len(decisions),
+        # What the tuner did, oldest first: why a run ends where it ends.
+        "decision_log": [
+            {
+                "step": d["step"],
+                "t": round(_epoch(d["created_at"]) - started, 1),
+                "action": d["action"],
+                "workers": d["workers"],
+                "reward": d["reward"],
+                "throughput": (d.get("observation") or {}).get("throughput"),
+            }
+            for d in sorted(decisions, key=lambda d: d["step"])
+        ],
         "trajectory": [
             {"t": round(ts - started, 1), "throughput": t}
             for ts, t in zip(series["ts"], series["throughput"], strict=True)
         ],
     }
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,10 +231,21 @@ def main(argv: list[str] | None = None) -> int:
         f"online after {args.tuning_seconds:.0f} s: {result['final_throughput']:,.0f} samples/s at "
         f"{result['final_allocation']} = {ratio:.2f} of the best ({result['decisions']} decisions)"
     )
+    reference, final = side_by_side(
+        [best_allocation, result["final_allocation"]],
+        args.seconds_per_allocation,
+        args.settle,
+        args.pipeline,
+    )
+    console.print(
+        f"side by side, no control plane: best {reference:,.0f}, InTune's final allocation "
+        f"{final:,.0f} samples/s = {final / reference:.2f}"
+    )
     figures = {
         "best": {"allocation": best_allocation, "throughput": best},
         "online": result,
         "ratio": ratio,
+        "side_by_side": {"best": reference, "final": final, "ratio": final / reference},
         "allocations_measured": table,
     }
     if args.json:

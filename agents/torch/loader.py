@@ -38,7 +38,6 @@ from agents.torch.steps import (
     Read,
     Step,
     WorkerSetup,
-    restore,
     stage_names,
 )
 
@@ -391,7 +390,6 @@ class _EpochIterator:
             self._stats.taken(0, batch=False)
             self._finish()
             raise StopIteration
-        payload = restore(payload)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 

@@ -6,12 +6,9 @@ one), how many samples it carries (for samples/s), and the payload: indices, the
 samples, then a batch. An ``EpochEnd`` payload marks the end of an epoch; it passes through
 every stage untouched and tells the consumer to stop.
 
-Payloads travel through the runtime's shared memory (``shm_min_bytes=1``), never by torch's
-own tensor pickling: that shares each tensor as a file descriptor that the receiver fetches
-from the sending process later, and a worker retired by a live resize may have exited by
-then (the item is lost). The runtime's packer rebuilds plain tuples, lists and dicts, so a
-payload holding a named tuple (or ``torch.Size``, ``OrderedDict``, ...) is sent with its
-types written down (``shareable``) and rebuilt on arrival (``restore``).
+Payloads travel through the runtime's shared memory (``shm_min_bytes=1``); like every payload
+of the runtime they never depend on the process that sent them (``agents.pipeline.shm``), and
+their containers keep their exact types (named tuples, ``torch.Size``, ``OrderedDict``, ...).
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,12 +129,11 @@ class Step:
         if isinstance(payload, EpochEnd):
             return item
         self.setup.ensure()
-        payload = restore(payload)
         if self.per_sample and self.batched:
             payload = [self.fn(sample) for sample in payload]
         else:
             payload = self.fn(payload)
-        return epoch, samples, shareable(payload)
+        return epoch, samples, payload
 
 
 class Read:
@@ -170,7 +165,7 @@ class Read:
             return end
         if self.batch_size is None:
             try:
-                return epoch, 1, shareable(next(self._iterator))
+                return epoch, 1, next(self._iterator)
             except StopIteration:
                 self._ended = True
                 return end
@@ -179,73 +174,7 @@ class Read:
             self._ended = True
             if not samples or self.drop_last:
                 return end
-        return epoch, len(samples), shareable(samples)
-
-
-_TYPED = "__intune_typed__"  # a payload whose containers' types are written down
-_CLASS = "__intune_class__"  # one such container
-
-
-def shareable(payload: Any) -> Any:
-    """The payload, ready for the runtime's shared memory: unchanged when it holds only plain
-    tuples, lists and dicts (the usual case, checked on its first sample), else with the type
-    of every other container written down."""
-    if not _holds_subclass(payload):
-        return payload
-    return {_TYPED: _encode(payload)}
-
-
-def restore(payload: Any) -> Any:
-    """The payload ``shareable`` was given."""
-    if type(payload) is dict and _TYPED in payload:
-        return _decode(payload[_TYPED])
-    return payload
-
-
-def _holds_subclass(obj: Any, depth: int = 0) -> bool:
-    kind = type(obj)
-    if kind in (tuple, list, dict):
-        if depth > 4 or not obj:
-            return False
-        if kind is list:  # a list of samples: they share their structure, the first one tells
-            return _holds_subclass(obj[0], depth + 1)
-        values = obj.values() if kind is dict else obj
-        return any(_holds_subclass(v, depth + 1) for v in values)
-    return isinstance(obj, tuple | list | dict)
-
-
-def _encode(obj: Any) -> Any:
-    kind = type(obj)
-    if kind is list:
-        return [_encode(v) for v in obj]
-    if kind is tuple:
-        return tuple(_encode(v) for v in obj)
-    if kind is dict:
-        return {k: _encode(v) for k, v in obj.items()}
-    if isinstance(obj, tuple | list):
-        return {_CLASS: kind, "values": [_encode(v) for v in obj]}
-    if isinstance(obj, dict):
-        factory = obj.default_factory if isinstance(obj, defaultdict) else None
-        return {_CLASS: kind, "items": {k: _encode(v) for k, v in obj.items()}, "factory": factory}
-    return obj
-
-
-def _decode(obj: Any) -> Any:
-    kind = type(obj)
-    if kind is list:
-        return [_decode(v) for v in obj]
-    if kind is tuple:
-        return tuple(_decode(v) for v in obj)
-    if kind is not dict:
-        return obj
-    if _CLASS not in obj:
-        return {k: _decode(v) for k, v in obj.items()}
-    cls = obj[_CLASS]
-    if "values" in obj:
-        values = [_decode(v) for v in obj["values"]]
-        return cls(*values) if hasattr(cls, "_fields") else cls(values)
-    items = {k: _decode(v) for k, v in obj["items"].items()}
-    return cls(obj["factory"], items) if issubclass(cls, defaultdict) else cls(items)
+        return epoch, len(samples), samples
 
 
 def stage_names(transforms: Any, reserved: Sequence[str]) -> list[tuple[str, Callable]]:
