@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="with --pipeline dlrm, read this folder of Criteo files as they come (.tsv, "
         ".txt, .gz, .tsv.gz; indexed once, the index kept beside them) instead of a generated "
-        "dataset",
+        "dataset; or an object-store URL (s3://bucket/prefix, gs://..., any fsspec URL; "
+        "needs the store's package, e.g. pip install 'intune[s3]'; credentials and endpoint "
+        "from the store's usual settings, e.g. AWS_PROFILE, AWS_ENDPOINT_URL_S3)",
     )
     work.add_argument(
         "--bad-lines",
@@ -197,7 +199,8 @@ def load_pipeline(
             "--bad-lines applies to the Criteo files of --data-dir; a generated dataset has no "
             "malformed lines"
         )
-    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+    url = data_dir is not None and "://" in data_dir
+    if data_dir is not None and not url and not Path(data_dir).expanduser().is_dir():
         raise SystemExit(
             f"--data-dir {data_dir}: no such folder; give a folder of Criteo files (.tsv, .txt, "
             ".gz, .tsv.gz)"
@@ -211,10 +214,11 @@ def load_pipeline(
     if spec == "dlrm":
         options: dict[str, Any] = {"fuse": fuse}
         if data_dir is not None:
-            options.update(data_dir=Path(data_dir).expanduser(), bad_lines=bad_lines or "error")
+            where = data_dir if url else Path(data_dir).expanduser()
+            options.update(data_dir=where, bad_lines=bad_lines or "error")
         try:
             return factory(**options)
-        except FileNotFoundError as exc:  # a folder without Criteo files
+        except OSError as exc:  # no Criteo files; a store that cannot be read
             raise SystemExit(f"--data-dir {data_dir}: {exc}") from exc
         except ValueError as exc:
             what = f"--fuse {fuse}" if fuse else f"--data-dir {data_dir}"

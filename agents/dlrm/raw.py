@@ -19,6 +19,18 @@ Reading a chunk, and what it costs:
   core on the 2-core host of docs/benchmarks.md, several times what the parse stage of one
   core gets through; the first scan inflates each file once at that speed.
 
+The folder may also be an object-store URL (``s3://bucket/prefix``, ``gs://...``, or any
+fsspec URL: ``file://``, ``memory://``), read through fsspec (the protocol's package, such as
+``s3fs``, must be installed: ``pip install 'intune[s3]'``). Its objects are listed once; the
+index is kept in ``cache_dir()/raw-index/`` under a digest of the URL (nothing is written
+into the store) and used again while every object keeps its name, size, ETag and
+modification time. A plain-text chunk is one ranged read; a chunk of a many-member gzip
+object is inflated from a ranged read of the members it spans, so no object is downloaded
+whole for it; a one-member gzip object is read in order, in ranged reads of a few MB. Every
+worker process makes its own filesystem handle (fsspec handles are not shared across a
+fork). Credentials, endpoints and regions come from the store's usual settings (for S3:
+``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL_S3``, ...) or ``storage_options``.
+
 A malformed line (not 40 tab-separated fields, an integer feature that is not an integer,
 a categorical feature that is not 8 hex digits) stops the pipeline with an error naming the
 file and the line (``bad_lines="error"``), or is skipped and counted (``"skip"``).
@@ -47,10 +59,24 @@ from agents.dlrm.stages import parse
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".tsv", ".txt", ".gz")
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 BAD_LINE_POLICIES = ("error", "skip")
 _BLOCK = 1 << 20
 _NEWLINE = 10
+# A read from an object store: at least this much (small requests cost more than their bytes)
+# and at most this much at a time.
+_REMOTE_MIN_READ = 256 << 10
+_REMOTE_MAX_READ = 8 << 20
+# The package each store protocol of fsspec needs.
+_STORE_PACKAGES = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+}
 # A chunk inflated from further than this many of its own lengths into its member makes the
 # file one to read in order (re-inflating from the member's start would cost more than it).
 _SEQUENTIAL_AFTER = 4
@@ -70,6 +96,9 @@ class RawChunk:
     compressed: bool
     member_offset: int = 0
     member_start: int = 0
+    # Where, in the file, the gzip member holding the chunk's last byte ends: what a ranged
+    # read of an object fetches for the chunk.
+    compressed_end: int = 0
 
 
 @dataclass
@@ -79,6 +108,121 @@ class RawIndex:
     chunks: list[RawChunk]
     sequential: bool
     location: Path
+
+
+class StoreError(OSError):
+    """An object store that cannot be read: its package is not installed, the protocol is
+    unknown, or listing it failed (credentials refused, no such bucket, unreachable)."""
+
+
+def is_url(location: str | Path) -> bool:
+    """Whether ``location`` is a URL (``s3://...``) rather than a local folder."""
+    return isinstance(location, str) and "://" in location
+
+
+_filesystems: dict[tuple[str, str], Any] = {}
+_filesystems_pid: int | None = None
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
+    """The fsspec filesystem of ``url``'s protocol, made once in each process: a handle made
+    before a fork (its connections, its event loop) is not used after it."""
+    global _filesystems_pid
+    if _filesystems_pid != os.getpid():
+        _filesystems.clear()
+        _filesystems_pid = os.getpid()
+    protocol = url.split("://", 1)[0].lower()
+    key = (protocol, json.dumps(storage_options or {}, sort_keys=True, default=str))
+    fs = _filesystems.get(key)
+    if fs is not None:
+        return fs
+    try:
+        import fsspec
+    except ImportError:
+        raise StoreError(
+            f"{url}: reading a URL needs fsspec, which is not installed: pip install fsspec "
+            "(and the store's package: pip install 'intune[s3]' for s3://)"
+        ) from None
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except ImportError:
+        package = _STORE_PACKAGES.get(protocol, f"the package fsspec names for {protocol}://")
+        extra = " (or pip install 'intune[s3]')" if package == "s3fs" else ""
+        raise StoreError(
+            f"{url}: reading {protocol}:// needs {package}, which is not installed: "
+            f"pip install {package}{extra}"
+        ) from None
+    except ValueError:
+        raise StoreError(f"{url}: fsspec knows no protocol {protocol!r}") from None
+    try:
+        fs = cls(skip_instance_cache=True, **(storage_options or {}))
+    except Exception as exc:
+        raise StoreError(_store_failure(url, "open", exc)) from None
+    _filesystems[key] = fs
+    return fs
+
+
+def _store_failure(url: str, what: str, exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    credentials = isinstance(exc, PermissionError) or any(
+        word in text.lower()
+        for word in ("credential", "accessdenied", "access denied", "forbidden", "signature")
+    )
+    hint = (
+        "; check the store's credentials (for S3: AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY; AWS_ENDPOINT_URL_S3 for an S3-compatible server)"
+        if credentials
+        else ""
+    )
+    return f"could not {what} {url} ({text}){hint}"
+
+
+def _open(path: str, storage_options: dict[str, Any] | None) -> Any:
+    """A binary file: ``open()`` for a local path, fsspec for a URL (no read-ahead cache:
+    each ``read`` is one ranged request of what was asked)."""
+    if is_url(path):
+        return filesystem(path, storage_options).open(path, "rb", cache_type="none")
+    return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+
+
+def _label(path: str) -> str:
+    """How errors name a file: its name in a folder, its whole URL in a store."""
+    return path if is_url(path) else Path(path).name
+
+
+def store_files(url: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The Criteo objects under ``url``, by name: one listing of the store, each with its
+    ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
+    fs = filesystem(url, storage_options)
+    root = url.rstrip("/")
+    try:
+        fs.invalidate_cache(root)  # a listing cached by this handle may be stale
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        entries = []
+    except Exception as exc:
+        raise StoreError(_store_failure(url, "list", exc)) from None
+    files = []
+    for entry in entries:
+        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+        if entry.get("type") != "file" or name.startswith(".") or not name.endswith(SUFFIXES):
+            continue
+        stamp = entry.get("LastModified") or entry.get("mtime") or entry.get("updated")
+        files.append(
+            {
+                "url": f"{root}/{name}",
+                "name": name,
+                "size": int(entry.get("size") or 0),
+                "etag": str(entry.get("ETag") or entry.get("etag") or entry.get("md5Hash") or ""),
+                "mtime": str(stamp or entry.get("created") or ""),
+            }
+        )
+    if not files:
+        raise FileNotFoundError(
+            f"no Criteo files found at {url} ({', '.join('*' + s for s in SUFFIXES)}); give "
+            "the prefix that holds them"
+        )
+    return sorted(files, key=lambda f: f["name"])
 
 
 def data_files(folder: str | Path) -> list[Path]:
@@ -105,30 +249,46 @@ def _signature(files: list[Path]) -> list[dict[str, Any]]:
     ]
 
 
-def index_locations(folder: Path, batch_size: int) -> list[Path]:
-    """Where the index of ``folder`` is kept: beside the files, else in the cache folder."""
+def index_locations(folder: str | Path, batch_size: int) -> list[Path]:
+    """Where the index of ``folder`` is kept: beside the files, else in the cache folder; for
+    a URL, in the cache folder only (a reader does not write into the store)."""
     name = f".intune-criteo-index-b{batch_size}.json"
+    if is_url(folder):
+        digest = hashlib.sha1(str(folder).rstrip("/").encode()).hexdigest()[:16]
+        return [cache_dir() / "raw-index" / f"{digest}-b{batch_size}.json"]
+    folder = Path(folder)
     digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:16]
     return [folder / name, cache_dir() / "raw-index" / f"{digest}-b{batch_size}.json"]
 
 
-def load_or_build_index(folder: str | Path, batch_size: int) -> RawIndex:
-    """The chunk index of ``folder``: the one kept from before while the files are unchanged,
-    else a new one (scanning every file once), kept for next time."""
+def load_or_build_index(
+    folder: str | Path, batch_size: int, storage_options: dict[str, Any] | None = None
+) -> RawIndex:
+    """The chunk index of ``folder`` (a local folder or an object-store URL): the one kept
+    from before while the files are unchanged, else a new one (scanning every file once),
+    kept for next time. ``storage_options`` go to the fsspec filesystem of a URL."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    root = Path(folder)
-    files = data_files(root)
-    signature = _signature(files)
+    root: str | Path
+    if is_url(folder):
+        root = str(folder).rstrip("/")
+        objects = store_files(root, storage_options)
+        paths = [o["url"] for o in objects]
+        signature = [{k: o[k] for k in ("name", "size", "etag", "mtime")} for o in objects]
+    else:
+        root = Path(folder)
+        files = data_files(root)
+        paths = [str(p) for p in files]
+        signature = _signature(files)
     locations = index_locations(root, batch_size)
     for location in locations:
         kept = _read_index(location)
         if kept is not None and kept.get("files") == signature:
             return _from_json(kept, root, location)
-    log.info("indexing %d Criteo file(s) in %s (once: the index is kept)", len(files), root)
+    log.info("indexing %d Criteo file(s) in %s (once: the index is kept)", len(paths), root)
     chunks = []
-    for path in files:
-        chunks += scan_file(path, batch_size)
+    for path in paths:
+        chunks += scan_file(path, batch_size, storage_options)
     body = {
         "format": "criteo-raw-index",
         "version": INDEX_VERSION,
@@ -177,16 +337,17 @@ def writable(folder: Path) -> bool:
 
 def _chunk_json(chunk: RawChunk) -> list:
     row = asdict(chunk)
-    row["path"] = Path(chunk.path).name
+    row["path"] = chunk.path.rsplit("/", 1)[-1] if is_url(chunk.path) else Path(chunk.path).name
     return [row[k] for k in RawChunk.__dataclass_fields__]
 
 
-def _from_json(body: dict, root: Path, location: Path) -> RawIndex:
+def _from_json(body: dict, root: str | Path, location: Path) -> RawIndex:
     names = list(RawChunk.__dataclass_fields__)
     chunks = []
     for row in body["chunks"]:
         fields = dict(zip(names, row, strict=True))
-        fields["path"] = str(root / fields["path"])
+        name = fields["path"]
+        fields["path"] = f"{root}/{name}" if isinstance(root, str) else str(root / name)
         chunks.append(RawChunk(**fields))
     return RawIndex(chunks, any(_needs_order(c) for c in chunks), location)
 
@@ -199,13 +360,22 @@ def _needs_order(chunk: RawChunk) -> bool:
 # ----------------------------------------------------------------------------- scanning
 
 
-def scan_file(path: Path, batch_size: int) -> list[RawChunk]:
-    """The chunks of one file: ``batch_size`` lines each, the last what is left."""
-    compressed = path.name.endswith(".gz")
+def scan_file(
+    path: str | Path, batch_size: int, storage_options: dict[str, Any] | None = None
+) -> list[RawChunk]:
+    """The chunks of one file (a path or an object's URL): ``batch_size`` lines each, the
+    last what is left."""
+    path = str(path)
+    compressed = path.endswith(".gz")
     members: list[tuple[int, int]] = []  # (offset in the file, offset in the inflated text)
+    ends: list[int] = []  # where each member ends in the file
     cutter = _Cutter(batch_size)
-    with open(path, "rb") as handle:
-        pieces = _inflate(handle, members) if compressed else _blocks(handle)
+    size = _REMOTE_MAX_READ if is_url(path) else _BLOCK
+    with _open(path, storage_options) as handle:
+        if compressed:
+            pieces = _inflate(handle, members, size, _label(path), ends)
+        else:
+            pieces = _blocks(handle, size)
         for piece in pieces:
             cutter.feed(piece)
     starts = [text for _, text in members]
@@ -213,6 +383,8 @@ def scan_file(path: Path, batch_size: int) -> list[RawChunk]:
     for number, (start, end, rows) in enumerate(cutter.chunks()):
         member = max(bisect.bisect_right(starts, start) - 1, 0)
         offset, member_start = members[member] if members else (0, 0)
+        last = max(bisect.bisect_right(starts, max(end - 1, start)) - 1, 0)
+        compressed_end = ends[last] if compressed and ends else 0
         chunks.append(
             RawChunk(
                 str(path),
@@ -223,25 +395,34 @@ def scan_file(path: Path, batch_size: int) -> list[RawChunk]:
                 compressed,
                 offset,
                 member_start,
+                compressed_end,
             )
         )
     return chunks
 
 
-def _blocks(handle: Any) -> Iterator[bytes]:
-    while block := handle.read(_BLOCK):
+def _blocks(handle: Any, size: int = _BLOCK) -> Iterator[bytes]:
+    while block := handle.read(size):
         yield block
 
 
-def _inflate(handle: Any, members: list[tuple[int, int]] | None = None) -> Iterator[bytes]:
-    """The inflated text of a gzip file from where ``handle`` stands, member after member;
-    ``members`` collects where each member starts (in the file, and in the text)."""
+def _inflate(
+    handle: Any,
+    members: list[tuple[int, int]] | None = None,
+    size: int = _BLOCK,
+    name: str = "",
+    ends: list[int] | None = None,
+) -> Iterator[bytes]:
+    """The inflated text of a gzip file from where ``handle`` stands, member after member,
+    read ``size`` bytes at a time; ``members`` collects where each member starts (in the
+    file, and in the text), ``ends`` where each ends in the file."""
+    name = name or str(getattr(handle, "name", "the file"))
     at_file, at_text = handle.tell(), 0
     inflater = None
     block = b""
     while True:
         if not block:
-            block = handle.read(_BLOCK)
+            block = handle.read(size)
             if not block:
                 break
         if inflater is None:
@@ -254,14 +435,14 @@ def _inflate(handle: Any, members: list[tuple[int, int]] | None = None) -> Itera
         try:
             text = inflater.decompress(block)
         except zlib.error as exc:
-            raise ValueError(
-                f"{handle.name}: not a valid gzip stream at byte {at_file} ({exc})"
-            ) from None
+            raise ValueError(f"{name}: not a valid gzip stream at byte {at_file} ({exc})") from None
         if text:
             at_text += len(text)
             yield text
         if inflater.eof:
             at_file += len(block) - len(inflater.unused_data)
+            if ends is not None:
+                ends.append(at_file)
             block = inflater.unused_data
             inflater = None
         else:
@@ -269,7 +450,7 @@ def _inflate(handle: Any, members: list[tuple[int, int]] | None = None) -> Itera
             block = b""
     if inflater is not None:
         raise ValueError(
-            f"{handle.name}: the gzip stream ends in the middle of a member (a truncated file?)"
+            f"{name}: the gzip stream ends in the middle of a member (a truncated file?)"
         )
 
 
@@ -315,14 +496,18 @@ class RawReader:
     inflated once; any other chunk is inflated from the start of its member.
     """
 
-    def __init__(self, keep_open: int = 8) -> None:
+    def __init__(self, keep_open: int = 8, storage_options: dict[str, Any] | None = None) -> None:
         self.keep_open = keep_open
+        self.storage_options = storage_options
         self._cursors: dict[str, _Cursor] = {}
 
     def __call__(self, chunk: RawChunk) -> dict[str, Any]:
         """Read one chunk: ``{"text", "file", "first_line"}``."""
         if chunk.compressed:
             text = self._cursor(chunk).read(chunk.start, chunk.length)
+        elif is_url(chunk.path):  # one ranged request
+            fs = filesystem(chunk.path, self.storage_options)
+            text = fs.cat_file(chunk.path, start=chunk.start, end=chunk.start + chunk.length)
         else:
             with open(chunk.path, "rb") as handle:
                 handle.seek(chunk.start)
@@ -332,32 +517,43 @@ class RawReader:
                 f"{chunk.path}: expected {chunk.length} bytes from byte {chunk.start}, found "
                 f"{len(text)}; the file changed after it was indexed: start again to re-index"
             )
-        return {"text": text, "file": Path(chunk.path).name, "first_line": chunk.first_line}
+        return {"text": text, "file": _label(chunk.path), "first_line": chunk.first_line}
 
     def _cursor(self, chunk: RawChunk) -> _Cursor:
         cursor = self._cursors.pop(chunk.path, None)
         if cursor is None or not cursor.can_reach(chunk.start):
             if cursor is not None:
                 cursor.close()
-            cursor = _Cursor(chunk.path, chunk.member_offset, chunk.member_start)
+            cursor = _Cursor(chunk, self.storage_options)
         self._cursors[chunk.path] = cursor  # most recently used last
         while len(self._cursors) > self.keep_open:
             self._cursors.pop(next(iter(self._cursors))).close()
         return cursor
 
     def __getstate__(self) -> dict:
-        return {"keep_open": self.keep_open, "_cursors": {}}  # open files stay where they are
+        # Open files stay where they are.
+        return {
+            "keep_open": self.keep_open,
+            "storage_options": self.storage_options,
+            "_cursors": {},
+        }
 
 
 class _Cursor:
     """A place in the inflated text of one gzip file."""
 
-    def __init__(self, path: str, member_offset: int, member_start: int) -> None:
-        self.handle = open(path, "rb")  # noqa: SIM115 (closed by close())
-        self.handle.seek(member_offset)
-        self.pieces = _inflate(self.handle)
+    def __init__(self, chunk: RawChunk, storage_options: dict[str, Any] | None = None) -> None:
+        size = _BLOCK
+        if is_url(chunk.path):
+            # Ranged reads of the members the chunk spans (a one-member file: a few MB at a
+            # time, in order).
+            span = chunk.compressed_end - chunk.member_offset
+            size = min(max(span, _REMOTE_MIN_READ), _REMOTE_MAX_READ)
+        self.handle = _open(chunk.path, storage_options)
+        self.handle.seek(chunk.member_offset)
+        self.pieces = _inflate(self.handle, size=size, name=_label(chunk.path))
         self.buffer = bytearray()
-        self.buffer_start = member_start  # the text offset of buffer[0]
+        self.buffer_start = chunk.member_start  # the text offset of buffer[0]
 
     def can_reach(self, start: int) -> bool:
         """Whether ``start`` lies ahead (it cannot go back)."""

@@ -74,6 +74,7 @@ def build_pipeline(
     max_workers: int | None = None,
     fuse: str | Sequence[str] | None = None,
     bad_lines: str = "error",
+    storage_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> Pipeline:
     """Build the DLRM ingestion pipeline over a Criteo-format dataset.
@@ -85,7 +86,9 @@ def build_pipeline(
     in batches of ``batch_size`` lines (``agents.dlrm.raw``, which says what reading them
     costs), and a malformed line stops the pipeline naming the file and line
     (``bad_lines="error"``) or is skipped and counted (``"skip"``; the count is
-    ``pipeline.bad_lines.count``). ``epochs=None`` cycles over the data until stopped.
+    ``pipeline.bad_lines.count``). ``data_dir`` may be an object-store URL
+    (``s3://bucket/prefix``, ``gs://...``, any fsspec URL), read through fsspec with
+    ``storage_options``; its index is kept in the cache folder. ``epochs=None`` cycles over the data until stopped.
     Stages: read, parse, transform, collate (processes) and prefetch (a thread that hands the
     batch to ``device``). ``fuse`` runs neighbouring stages in one worker
     (``"read+parse+transform+collate"``; see ``agents.pipeline.fusion``); ``workers`` then
@@ -123,13 +126,17 @@ def build_pipeline(
     # The stages first: a wrong fusion or count is refused before any data is generated or read.
     stages = stages_of(read, parse, max_workers)
     chunks = None
-    if data_dir is not None and not (Path(data_dir) / INDEX_FILE).exists():
-        chunks = raw.load_or_build_index(data_dir, batch_size)
+    if data_dir is not None and (
+        raw.is_url(data_dir) or not (Path(data_dir) / INDEX_FILE).exists()
+    ):
+        chunks = raw.load_or_build_index(data_dir, batch_size, storage_options)
         # Single-member gzip files are inflated in order, by one reader that keeps its place.
         ceiling = 1 if chunks.sequential else max_workers
         if chunks.sequential:
             log.info("%s holds gzip files of one member: one worker reads them", data_dir)
-        stages = stages_of(raw.RawReader(), raw.RawParse(bad), ceiling)
+        stages = stages_of(
+            raw.RawReader(storage_options=storage_options), raw.RawParse(bad), ceiling
+        )
     if chunks is not None:
         tasks: list[Any] = chunks.chunks
     else:

@@ -1,5 +1,6 @@
 """The wheel installed alone (no extra) into a fresh venv is a working agent: ``intune-agent``
-runs a pipeline and streams it to a control plane, and neither Django nor torch came with it.
+runs a pipeline and streams it to a control plane, and neither Django nor torch (nor fsspec)
+came with it.
 
 Trainer images are built by teams that accept no web stack in them (README, "Installing").
 """
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 # What only the control plane or the DLRM workload needs.
 NOT_FOR_AGENTS = ["django", "rest_framework", "celery", "gunicorn", "psycopg", "redis", "torch"]
+NOT_FOR_AGENTS += ["fsspec", "s3fs", "botocore", "moto"]  # object stores: the s3 extra
 
 
 @pytest.fixture(scope="module")
