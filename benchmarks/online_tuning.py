@@ -393,9 +393,19 @@ def online(
                         {"t": round(time.time() - started, 1), "condition": condition, "what": what}
                     )
                 time.sleep(max(0.0, started + second + 1 - time.time()))
-            series = api.get(
-                f"/api/v1/hosts/{host_id}/metrics/", params={"since": started - 5, "step": 1}
-            ).json()["series"]
+
+            def stored() -> dict:
+                return api.get(
+                    f"/api/v1/hosts/{host_id}/metrics/", params={"since": started - 5, "step": 1}
+                ).json()["series"]
+
+            # The agent ships every second; wait (bounded) for the run's last second to be stored.
+            end = started + tuning_seconds - 1.5
+            try:
+                wait_until(lambda: max(stored()["ts"], default=0) >= end, 30, 1.0, what="samples")
+            except TimeoutError:
+                console.print(f"[yellow]{run}: the last samples did not arrive in 30 s")
+            series = stored()
             decisions = api.get(
                 f"/api/v1/hosts/{host_id}/decisions/", params={"limit": 500}
             ).json()["results"]
@@ -445,6 +455,23 @@ def smoothed(trajectory: list[dict], width: int = SMOOTH_S) -> list[tuple[float,
     ]
 
 
+def area_below(trajectory: list[dict], best: float, start: float, end: float) -> float:
+    """Samples lost against ``best`` between ``start`` and ``end``: the area between ``best`` and
+    the measured curve, each measurement holding until the next (nothing before the first)."""
+    points = sorted((p["t"], p["throughput"]) for p in trajectory)
+    lost, t, value = 0.0, start, 0.0
+    for when, measured in points:
+        if when > t:
+            lost += max(0.0, best - value) * (min(when, end) - t)
+            t = min(when, end)
+        value = measured
+        if t >= end:
+            break
+    if t < end:
+        lost += max(0.0, best - value) * (end - t)
+    return lost
+
+
 def score(trajectory: list[dict], best: float, start: float, end: float) -> dict:
     """How the trajectory did against ``best`` between ``start`` and ``end`` (seconds of the
     run): final (mean of the last 10 s, or the last third if shorter) over best; seconds from
@@ -458,7 +485,7 @@ def score(trajectory: list[dict], best: float, start: float, end: float) -> dict
         (t - start for t, v in smoothed(trajectory) if start <= t < end and v >= REACHED * best),
         None,
     )
-    lost = sum(max(0.0, best - p["throughput"]) for p in window)
+    lost = area_below(trajectory, best, start, end)
     return {
         "final_throughput": final,
         "final_of_best": final / best if best else 0.0,
@@ -583,6 +610,13 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = No
     directory = Path(tempfile.mkdtemp(prefix="intune-shootout-"))
     with LiveStack(directory, beat=True) as stack:
         operator_token = stack.create_user("bench-operator", role="operator")["token"]
+        if args.warmup_seconds:
+            # The first session of a fresh stack pays for imports and caches (the worker loads
+            # torch and the policy): an unscored run takes that cost for everyone.
+            online(
+                args.warmup_seconds, args.interval, args.pipeline, tuners[0],
+                stack=stack, operator_token=operator_token, fuse=args.fuse, run="warmup",
+            )  # fmt: skip
         for round_ in range(args.rounds):
             order = tuners if round_ % 2 == 0 else tuners[::-1]
             for name in order:
@@ -657,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
         "--interval", type=float, default=2.0, help="seconds of fresh metrics per decision"
     )
     parser.add_argument("--rounds", type=int, default=1, help="runs per tuner, alternating order")
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=10.0,
+        help="an unscored run of the first tuner before the others (0: none)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--pipeline", default="dlrm", help="'dlrm' or module:factory")
     parser.add_argument(
@@ -684,8 +724,8 @@ def main(argv: list[str] | None = None) -> int:
         factory_options(args.pipeline, args.fuse)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.rounds < 1 or args.tuning_seconds < 4:
-        parser.error("--rounds must be at least 1 and --seconds at least 4")
+    if args.rounds < 1 or args.tuning_seconds < 4 or 0 < args.warmup_seconds < 4:
+        parser.error("--rounds must be at least 1, --seconds and --warmup-seconds at least 4")
     if args.events and len(os.sched_getaffinity(0)) < 2:
         parser.error("--events takes CPUs away: it needs at least 2")
     figures = {
