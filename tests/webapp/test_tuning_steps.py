@@ -136,3 +136,16 @@ def test_a_session_whose_pretraining_died_is_pretrained_again(session, monkeypat
     assert tasks.resume_stalled_sessions() == 1
     assert queued == [session.pk]
     assert tasks.resume_stalled_sessions() == 0  # its heartbeat was touched: not queued twice
+
+
+def test_a_prior_session_decides_and_resumes_from_its_checkpoint(session, sample):
+    """``prior`` (intune without its learning) runs under the control plane like any tuner."""
+    TuningSession.objects.filter(pk=session.pk).update(tuner="prior")
+    host = session.host
+    feed(host, sample, seconds=6, start_seq=1)
+    assert services.take_step(session.pk, 0)[0] == "decided"
+    feed(host, sample, seconds=6, start_seq=100)
+    assert services.take_step(session.pk, 1)[0] == "decided"
+    decisions = Decision.objects.filter(session=session).order_by("step")
+    assert [d.step for d in decisions] == [0, 1]
+    assert all(d.action for d in decisions)
