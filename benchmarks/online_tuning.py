@@ -447,11 +447,11 @@ def online(
 
 
 def smoothed(trajectory: list[dict], width: int = SMOOTH_S) -> list[tuple[float, float]]:
-    """(t, trailing mean of ``width`` samples) along the trajectory."""
+    """(t, mean of the last ``width`` samples) along the trajectory, from its ``width``-th."""
     values = [p["throughput"] for p in trajectory]
     return [
-        (p["t"], statistics.fmean(values[max(0, i - width + 1) : i + 1]))
-        for i, p in enumerate(trajectory)
+        (trajectory[i]["t"], statistics.fmean(values[i - width + 1 : i + 1]))
+        for i in range(width - 1, len(trajectory))
     ]
 
 
@@ -475,16 +475,14 @@ def area_below(trajectory: list[dict], best: float, start: float, end: float) ->
 def score(trajectory: list[dict], best: float, start: float, end: float) -> dict:
     """How the trajectory did against ``best`` between ``start`` and ``end`` (seconds of the
     run): final (mean of the last 10 s, or the last third if shorter) over best; seconds from
-    ``start`` until a 3 s mean first reached 95% of best (``None``: never); samples lost (the
-    area between best and the curve, each sample standing for one second)."""
+    ``start`` until a mean of 3 samples taken after ``start`` first reached 95% of best
+    (``None``: never); samples lost (the area between best and the curve)."""
     window = [p for p in trajectory if start <= p["t"] < end]
     tail = min(10.0, (end - start) / 3)
     last = [p["throughput"] for p in window if p["t"] >= end - tail]
     final = statistics.fmean(last) if last else 0.0
-    reached = next(
-        (t - start for t, v in smoothed(trajectory) if start <= t < end and v >= REACHED * best),
-        None,
-    )
+    # Only samples measured after ``start`` count: an event's recovery starts from nothing.
+    reached = next((t - start for t, v in smoothed(window) if v >= REACHED * best), None)
     lost = area_below(trajectory, best, start, end)
     return {
         "final_throughput": final,
