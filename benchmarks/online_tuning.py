@@ -59,10 +59,12 @@ from rich.table import Table
 
 from agents.budget import cpu_slots
 from agents.pipeline.loading import build
-from tests.support.live_stack import LiveStack
+from tests.support.live_stack import ROOT, LiveStack
 from webapp.stack.supervisor import wait_until
 
 console = Console()
+if not console.is_terminal:
+    console = Console(width=160)  # a log file gets the whole table
 
 DEFAULT_FUSE = "read+parse+transform+collate"
 CONDITIONS = ("normal", "one_cpu", "cotenant", "low_memory")
@@ -230,6 +232,47 @@ class CoTenant:
         self.stop()
 
 
+class ControlPlaneShell:
+    """A Django shell of the live stack kept open, so that a change to the control plane's state
+    (the host's memory budget) takes effect at once instead of after a new process starts."""
+
+    def __init__(self, stack: LiveStack) -> None:
+        loop = "import sys\nfor line in sys.stdin:\n    exec(line)\n    print('done', flush=True)"
+        self.process = subprocess.Popen(
+            [stack.python, "manage.py", "shell", "-c", loop],
+            env=stack.env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.run("import django")  # answers once Django is set up
+
+    def run(self, line: str, timeout: float = 60) -> None:
+        """Execute one line of Python in the shell; wait (bounded) until it has."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        answered = threading.Event()
+
+        def read() -> None:
+            # Django may say things first (the shell's automatic imports): skip to the answer.
+            for answer in self.process.stdout:
+                if answer.strip() == "done":
+                    answered.set()
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        if not answered.wait(timeout):
+            raise RuntimeError(f"the control plane's shell did not run {line!r} in {timeout} s")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
 def set_tree_affinity(pid: int, cpus: set[int]) -> int:
     """Pin every thread of ``pid`` and of its descendants to ``cpus`` (what shrinking a cpuset
     does to the tasks in it); return how many threads were moved."""
@@ -356,6 +399,7 @@ def online(
         agent_args += ["--fuse", fuse]
     happened: list[dict] = []
     cotenant = CoTenant()
+    shell = ControlPlaneShell(stack) if events else None
     agent = stack.start_agent(host_id, token, *agent_args, instance=instance)
     cpus = set(os.sched_getaffinity(0))
     try:
@@ -381,12 +425,10 @@ def online(
                         cotenant.start()
                     elif condition == "low_memory":
                         cotenant.stop()
-                        stack.manage(
-                            "shell",
-                            "-c",
+                        shell.run(
                             "from webapp.jobs.models import Host; "
                             f"Host.objects.filter(pk={int(host_id)})"
-                            f".update(memory_mb={float(events['memory_mb'])})",
+                            f".update(memory_mb={float(events['memory_mb'])})"
                         )
                         what += f" to {events['memory_mb']:.0f} MB"
                     happened.append(
@@ -413,6 +455,8 @@ def online(
             api.delete(f"/api/v1/jobs/{job_id}/tuning/")
     finally:
         cotenant.stop()
+        if shell is not None:
+            shell.close()
         agent_alive = agent.poll() is None
         stack.group.stop(instance)
     log = stack.log(instance)
@@ -499,9 +543,10 @@ def score_run(result: dict, reference: dict) -> dict:
     seconds = result["seconds"]
     if not result["events"]:
         return score(result["trajectory"], reference["normal"]["throughput"], 0, seconds)
-    bounds = [0.0, *(e["t"] for e in result["events"]), seconds]
+    events = [e for e in result["events"] if e["t"] < seconds]
+    bounds = [0.0, *(e["t"] for e in events), seconds]
     phases = []
-    for i, condition in enumerate(["normal", *(e["condition"] for e in result["events"])]):
+    for i, condition in enumerate(["normal", *(e["condition"] for e in events)]):
         best = reference[condition]["throughput"]
         phase = score(result["trajectory"], best, bounds[i], bounds[i + 1])
         phases.append({"condition": condition, "best": best, "start": bounds[i], **phase})
