@@ -1,7 +1,7 @@
 """Every tuner online on the real pipeline of this host, against the best allocation measured.
 
     python -m benchmarks.online_tuning --tuners intune,prior,hillclimb,lp,static \
-        --pipeline dlrm [--fuse] --seconds 120 --json OUT [--rounds 2] [--events]
+        --pipeline dlrm [--fuse] --seconds 120 --json OUT [--rounds 2] [--events] [--fixed-best]
     python -m benchmarks.online_tuning --seconds-per-allocation 6 --tuning-seconds 60
     python -m benchmarks.online_tuning --pipeline agents.pipeline.examples:object_store_text \
         --allocations io --interval 5
@@ -73,6 +73,7 @@ EVENTS = (  # (fraction of the run, condition from then on, what happens)
     (0.50, "cotenant", "CPUs back, a co-tenant burns a CPU"),
     (0.75, "low_memory", "co-tenant gone, memory budget lowered"),
 )
+FIXED = "best-fixed"  # the online reference: the best allocation measured, set and kept
 REACHED = 0.95  # "reached the best": a 3 s mean at 95% of it
 SMOOTH_S = 3
 
@@ -366,11 +367,13 @@ def online(
     fuse: str | None = None,
     events: dict | None = None,
     run: str = "run",
+    fixed: dict[str, int] | None = None,
 ) -> dict:
     """One tuning session with ``tuner`` on a fresh agent of the live ``stack`` (a stack of its
     own when ``None``, else ``operator_token`` is an operator's API token). ``events``
     (``{"memory_mb": ...}``) runs the host events of ``--events``. Returns the trajectory and
-    what happened."""
+    what happened. ``fixed``: no tuning, this allocation set by an operator's override instead
+    (the best measured, run the same way: the online reference)."""
     if stack is None:
         with LiveStack(Path(tempfile.mkdtemp(prefix="intune-online-")), beat=True) as own:
             token = own.create_user("bench-operator", role="operator")["token"]
@@ -384,7 +387,7 @@ def online(
         {
             "name": f"shootout-{run}",
             "stages": [{"name": s} for s in stage_names],
-            "tuner": tuner,
+            "tuner": "static" if fixed else tuner,
             "decision_interval_s": interval,
         },
         {
@@ -409,7 +412,18 @@ def online(
                 120,
                 what=f"the agent of {run} to start",
             )
-            api.post(f"/api/v1/jobs/{job_id}/tuning/", json={}).raise_for_status()
+            if fixed:
+                api.put(
+                    f"/api/v1/hosts/{host_id}/override/",
+                    json={"workers": fixed, "reason": "shoot-out: the best allocation measured"},
+                ).raise_for_status()
+                wait_until(
+                    lambda: api.get(f"/api/v1/hosts/{host_id}/").json()["applied_version"] >= 2,
+                    60,
+                    what=f"the agent of {run} to apply the best allocation",
+                )
+            else:
+                api.post(f"/api/v1/jobs/{job_id}/tuning/", json={}).raise_for_status()
             started = time.time()
             plan = list(EVENTS) if events else []
             for second in track(
@@ -452,7 +466,8 @@ def online(
                 f"/api/v1/hosts/{host_id}/decisions/", params={"limit": 500}
             ).json()["results"]
             final = api.get(f"/api/v1/hosts/{host_id}/").json()["allocation"]
-            api.delete(f"/api/v1/jobs/{job_id}/tuning/")
+            if not fixed:
+                api.delete(f"/api/v1/jobs/{job_id}/tuning/")
     finally:
         cotenant.stop()
         if shell is not None:
@@ -468,7 +483,7 @@ def online(
     allocations = [
         d["workers"] for d in sorted(decisions, key=lambda d: d["step"]) if d.get("workers")
     ]
-    changes, current = 0, {s: 1 for s in stage_names}
+    changes, current = 0, dict(fixed) if fixed else {s: 1 for s in stage_names}
     for workers in allocations:
         if workers != current:
             changes, current = changes + 1, workers
@@ -660,8 +675,9 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = No
                 args.warmup_seconds, args.interval, args.pipeline, tuners[0],
                 stack=stack, operator_token=operator_token, fuse=args.fuse, run="warmup",
             )  # fmt: skip
+        names = [*tuners, FIXED] if args.fixed_best else list(tuners)
         for round_ in range(args.rounds):
-            order = tuners if round_ % 2 == 0 else tuners[::-1]
+            order = names if round_ % 2 == 0 else names[::-1]
             for name in order:
                 result = online(
                     args.tuning_seconds,
@@ -673,6 +689,7 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = No
                     fuse=args.fuse,
                     events=events,
                     run=f"{name}-{round_ + 1}",
+                    fixed=reference["normal"]["allocation"] if name == FIXED else None,
                 )
                 result["round"] = round_ + 1
                 result["score"] = score_run(result, reference)
@@ -684,7 +701,7 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = No
                 )
                 if on_run is not None:
                     on_run(result)
-    summary = summarise(runs, tuners)
+    summary = summarise(runs, names)
     return {"reference": reference, "runs": runs, "tuners": summary, "ratios": ratios(summary)}
 
 
@@ -732,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--interval", type=float, default=2.0, help="seconds of fresh metrics per decision"
+    )
+    parser.add_argument(
+        "--fixed-best",
+        action="store_true",
+        help=f"also run '{FIXED}' each round: the best allocation measured, set by an override "
+        "from the start (the reference measured online, through the same system)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="runs per tuner, alternating order")
     parser.add_argument(
