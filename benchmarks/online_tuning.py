@@ -466,6 +466,7 @@ def online(
                 f"/api/v1/hosts/{host_id}/decisions/", params={"limit": 500}
             ).json()["results"]
             final = api.get(f"/api/v1/hosts/{host_id}/").json()["allocation"]
+            sessions = api.get(f"/api/v1/jobs/{job_id}/tuning/").json()
             if not fixed:
                 api.delete(f"/api/v1/jobs/{job_id}/tuning/")
     finally:
@@ -497,6 +498,10 @@ def online(
         "allocations": allocations,
         "ooms": len(re.findall(r"was killed by signal 9\b", log)),
         "agent_survived": agent_alive,
+        # A session the control plane ended on an error stops tuning for the rest of the run.
+        "session": {k: sessions[0].get(k) for k in ("status", "steps", "error")}
+        if sessions
+        else None,
         "events": happened,
         "trajectory": trajectory,
     }
@@ -603,6 +608,11 @@ def summarise(runs: list[dict], tuners: list[str]) -> dict:
         figures["ooms"] = sum(r["ooms"] for r in mine)
         figures["agent_died"] = sum(not r["agent_survived"] for r in mine)
         figures["rounds"] = len(mine)
+        figures["sessions_failed"] = [
+            f"step {r['session']['steps']}: {(r['session']['error'] or '')[:160]}"
+            for r in mine
+            if r.get("session") and r["session"]["status"] == "failed"
+        ]
         if mine and "recovery_seconds" in mine[0]["score"]:
             figures["recovery_seconds"] = {
                 c: _median([r["score"]["recovery_seconds"].get(c) for r in mine])
@@ -634,7 +644,8 @@ def print_table(summary: dict, reference: dict, with_events: bool) -> None:
         title=f"online tuning against the best measured, {best['throughput']:,.0f} samples/s "
         f"at {best['allocation']}"
     )
-    for column in ("tuner", "final/best", "s to 95%", "lost (of best)", "changes", "OOMs"):
+    columns = ("tuner", "final/best", "s to 95%", "lost (of best)", "changes", "OOMs", "session")
+    for column in columns:
         table.add_column(column, justify="left" if column == "tuner" else "right")
     if with_events:
         for condition in CONDITIONS[1:]:
@@ -648,6 +659,7 @@ def print_table(summary: dict, reference: dict, with_events: bool) -> None:
             f"{s['samples_lost']:,.0f} ({s['samples_lost_of_best']:.0%})",
             f"{s['allocation_changes']:.0f}",
             f"{s['ooms']}" + (f" (agent died {s['agent_died']}x)" if s["agent_died"] else ""),
+            f"failed {len(s['sessions_failed'])}x" if s.get("sessions_failed") else "ok",
         ]
         if with_events:
             for condition in CONDITIONS[1:]:
@@ -703,6 +715,23 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = No
                     on_run(result)
     summary = summarise(runs, names)
     return {"reference": reference, "runs": runs, "tuners": summary, "ratios": ratios(summary)}
+
+
+def rescore(path: Path, out: Path | None) -> int:
+    """Score the runs an earlier ``--json`` holds again, print the table (and write it)."""
+    figures = json.loads(path.read_text())
+    names = list(dict.fromkeys(r["tuner"] for r in figures["runs"]))
+    for run in figures["runs"]:
+        run["score"] = score_run(run, figures["reference"])
+    figures["tuners"] = summarise(figures["runs"], names)
+    figures["ratios"] = ratios(figures["tuners"])
+    print_table(figures["tuners"], figures["reference"], bool(figures.get("events")))
+    for name, ratio in figures["ratios"].items():
+        if ratio is not None:
+            console.print(f"intune / {name}: {ratio:.2f}")
+    if out:
+        out.write_text(json.dumps(figures, indent=2))
+    return 0
 
 
 def machine() -> dict:
@@ -784,7 +813,15 @@ def main(argv: list[str] | None = None) -> int:
         help="during each run: CPUs cut to one, a co-tenant burning a CPU, the memory budget "
         "lowered (needs at least 2 CPUs)",
     )
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        metavar="JSON",
+        help="score the runs of an earlier --json again (this code's scoring) and print the table",
+    )
     args = parser.parse_args(argv)
+    if args.rescore:
+        return rescore(args.rescore, args.json)
     try:
         tuners = parse_tuners(args.tuners)
         factory_options(args.pipeline, args.fuse)

@@ -37,6 +37,8 @@ def test_a_tiny_shootout_of_two_tuners_writes_every_figure(tmp_path, redis_url):
     for run in result["runs"]:
         assert run["agent_survived"] and run["ooms"] == 0
         assert run["decisions"] >= 1 and run["allocation_changes"] >= 0
+        assert run["session"]["status"] != "failed", run["session"]["error"]
+        assert run["session"]["steps"] == run["decisions"]
         assert sum(1 for p in run["trajectory"] if 0 <= p["t"] < 6) >= 3
         figures = run["score"]
         assert 0 < figures["final_of_best"] < 3
