@@ -149,3 +149,36 @@ def test_a_prior_session_decides_and_resumes_from_its_checkpoint(session, sample
     decisions = Decision.objects.filter(session=session).order_by("step")
     assert [d.step for d in decisions] == [0, 1]
     assert all(d.action for d in decisions)
+
+
+def test_a_database_that_does_not_answer_retries_the_step_then_fails_the_session(
+    session, monkeypatch
+):
+    from django.db import OperationalError
+
+    from webapp.tuning import tasks
+
+    def no_connection(session_id, expected_step):
+        raise OperationalError("couldn't get a connection after 3.00 sec")
+
+    # The pool timing out cannot be caused on demand here: take_step raises what it raised in
+    # the shoot-out on a loaded host. The retry is seen queued without a broker.
+    monkeypatch.setattr(services, "take_step", no_connection)
+    queued = []
+    monkeypatch.setattr(
+        tasks.run_tuning_step,
+        "apply_async",
+        lambda args, countdown: queued.append((args, countdown)),
+    )
+    assert tasks.run_tuning_step(session.pk, 3) == "retrying"
+    session.refresh_from_db()
+    assert session.status == "running" and queued == [((session.pk, 3, 1), 1)]
+    assert tasks.run_tuning_step(session.pk, 3, tasks.TRANSIENT_RETRIES - 1) == "retrying"
+    assert queued[-1] == (
+        (session.pk, 3, tasks.TRANSIENT_RETRIES),
+        2 ** (tasks.TRANSIENT_RETRIES - 1),
+    )
+    assert tasks.run_tuning_step(session.pk, 3, tasks.TRANSIENT_RETRIES) == "failed"
+    session.refresh_from_db()
+    assert session.status == "failed" and "did not answer" in session.error
+    assert len(queued) == 2
