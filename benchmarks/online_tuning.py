@@ -17,7 +17,7 @@ budget allows (a waiting stage may have up to 64 threads, too many to try them a
 2. Online, for each tuner in turn (the order reversed every other round, ``--rounds``): the whole
    system (web server, Celery worker, beat, the real agent as a process) on the same pipeline,
    from one worker per stage, a tuning session with that tuner, for ``--seconds``. Reported per
-   tuner: the mean of the last 10 s over the best; the seconds until a 3 s mean first reached 95%
+   tuner: the mean of the last 10 s over the best (and the mean of the whole run); the seconds until a 3 s mean first reached 95%
    of the best; the samples lost against the best (the area between the best and the measured
    curve); the allocation changes made; workers killed by SIGKILL (the OOM killer's signal) and
    whether the agent survived.
@@ -548,9 +548,11 @@ def score(trajectory: list[dict], best: float, start: float, end: float) -> dict
     # Only samples measured after ``start`` count: an event's recovery starts from nothing.
     reached = next((t - start for t, v in smoothed(window) if v >= REACHED * best), None)
     lost = area_below(trajectory, best, start, end)
+    mean = statistics.fmean(p["throughput"] for p in window) if window else 0.0
     return {
         "final_throughput": final,
         "final_of_best": final / best if best else 0.0,
+        "mean_of_best": mean / best if best else 0.0,
         "seconds_to_95": None if reached is None else round(reached, 1),
         "samples_lost": lost,
         "samples_lost_of_best": lost / (best * (end - start)) if best and end > start else 0.0,
@@ -574,6 +576,7 @@ def score_run(result: dict, reference: dict) -> dict:
     return {
         "final_throughput": first["final_throughput"],
         "final_of_best": first["final_of_best"],
+        "mean_of_best": first["mean_of_best"],
         "seconds_to_95": first["seconds_to_95"],
         "samples_lost": sum(p["samples_lost"] for p in phases),
         "samples_lost_of_best": statistics.fmean(p["samples_lost_of_best"] for p in phases),
@@ -598,6 +601,7 @@ def summarise(runs: list[dict], tuners: list[str]) -> dict:
             for key in (
                 "final_throughput",
                 "final_of_best",
+                "mean_of_best",
                 "seconds_to_95",
                 "samples_lost",
                 "samples_lost_of_best",
@@ -644,7 +648,16 @@ def print_table(summary: dict, reference: dict, with_events: bool) -> None:
         title=f"online tuning against the best measured, {best['throughput']:,.0f} samples/s "
         f"at {best['allocation']}"
     )
-    columns = ("tuner", "final/best", "s to 95%", "lost (of best)", "changes", "OOMs", "session")
+    columns = (
+        "tuner",
+        "final/best",
+        "mean/best",
+        "s to 95%",
+        "lost (of best)",
+        "changes",
+        "OOMs",
+        "session",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column == "tuner" else "right")
     if with_events:
@@ -655,6 +668,7 @@ def print_table(summary: dict, reference: dict, with_events: bool) -> None:
         row = [
             name,
             f"{s['final_of_best']:.3f}",
+            f"{s['mean_of_best']:.3f}",
             reached,
             f"{s['samples_lost']:,.0f} ({s['samples_lost_of_best']:.0%})",
             f"{s['allocation_changes']:.0f}",
