@@ -17,8 +17,9 @@ budget allows (a waiting stage may have up to 64 threads, too many to try them a
 2. Online, for each tuner in turn (the order reversed every other round, ``--rounds``): the whole
    system (web server, Celery worker, beat, the real agent as a process) on the same pipeline,
    from one worker per stage, a tuning session with that tuner, for ``--seconds``. Reported per
-   tuner: the mean of the last 10 s over the best (and the mean of the whole run); the seconds until a 3 s mean first reached 95%
-   of the best; the samples lost against the best (the area between the best and the measured
+   tuner: the mean of the last 10 s over the best (and the whole run's mean over the best); the
+   seconds until a 3 s mean first reached 95% of the best; the samples lost against the best
+   (the area between the best and the measured
    curve); the allocation changes made; workers killed by SIGKILL (the OOM killer's signal) and
    whether the agent survived.
 3. ``--events`` (a real host's events, each a quarter of the run in): the pipeline's CPUs cut to

@@ -41,7 +41,7 @@ def test_a_tiny_shootout_of_two_tuners_writes_every_figure(tmp_path, redis_url):
         assert run["session"]["steps"] == run["decisions"]
         assert sum(1 for p in run["trajectory"] if 0 <= p["t"] < 6) >= 3
         figures = run["score"]
-        assert 0 < figures["final_of_best"] < 3
+        assert 0 < figures["final_of_best"] < 3 and 0 < figures["mean_of_best"] < 3
         assert figures["seconds_to_95"] is None or 0 <= figures["seconds_to_95"] < 6
         assert 0 <= figures["samples_lost"] <= normal["throughput"] * 6
     static = result["runs"][1]
