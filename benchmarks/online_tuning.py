@@ -19,9 +19,10 @@ budget allows (a waiting stage may have up to 64 threads, too many to try them a
    from one worker per stage, a tuning session with that tuner, for ``--seconds``. Reported per
    tuner: the mean of the last 10 s over the best (and the whole run's mean over the best); the
    seconds until a 3 s mean first reached 95% of the best; the samples lost against the best
-   (the area between the best and the measured
-   curve); the allocation changes made; workers killed by SIGKILL (the OOM killer's signal) and
-   whether the agent survived.
+   (the area between the best and the measured curve); the allocation changes made; workers
+   killed by SIGKILL (the OOM killer's signal), whether the agent survived and whether the
+   tuning session ran to the end. ``--fixed-best`` adds a run of the best allocation, set by an
+   override from the start: the reference measured online, through the same system.
 3. ``--events`` (a real host's events, each a quarter of the run in): the pipeline's CPUs cut to
    one (the affinity of the agent and its workers shrunk: the agent notices and reports the
    smaller budget); then the CPUs back and a co-tenant process burning a CPU; then the co-tenant
