@@ -173,7 +173,8 @@ class HostSampler:
 
     ``psutil.cpu_percent`` is non-blocking: each call reports use since the previous call, so
     one sampler must be called from one loop at a steady interval. Limits are re-read every
-    ``limits_every`` samples because a container's quota can change while it runs.
+    ``limits_every`` samples because a container's quota can change while it runs, and at once
+    when the CPU affinity (the cpuset) changes, which costs one system call a sample to notice.
     """
 
     def __init__(self, cgroup_root: Path = CGROUP_ROOT, limits_every: int = 60) -> None:
@@ -184,6 +185,17 @@ class HostSampler:
         self._count = 0
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
+    def refresh(self) -> bool:
+        """Re-read the limits if this process's CPU set changed since they were read (a cpuset
+        shrunk or grown, ``taskset``); return whether they changed."""
+        if not hasattr(os, "sched_getaffinity"):  # pragma: no cover - macOS has no affinity
+            return False
+        if sorted(os.sched_getaffinity(0)) == self.limits.cpu_ids:
+            return False
+        before = (self.limits.cpus, self.limits.cpu_ids)
+        self.limits = HostLimits.detect(self.cgroup_root)
+        return (self.limits.cpus, self.limits.cpu_ids) != before
+
     def sample(self, worker_budget: int) -> dict:
         """Return the protocol's ``host`` object: cpus, cpu_percent, per_cpu_percent,
         memory_used_mb, memory_limit_mb and the budget's CPU slots in force
@@ -191,6 +203,8 @@ class HostSampler:
         self._count += 1
         if self._count % self.limits_every == 0:
             self.limits = HostLimits.detect(self.cgroup_root)
+        else:
+            self.refresh()
         per_cpu = psutil.cpu_percent(percpu=True)
         # Only the CPUs this process may run on say anything about its pipeline.
         mine = [per_cpu[i] for i in self.limits.cpu_ids if i < len(per_cpu)] or per_cpu

@@ -21,6 +21,7 @@ from tuner.finetune import finetune
 from tuner.fit import fit_scenario
 from tuner.intune import IntuneConfig, IntuneTuner
 from tuner.observation import Decision, HostObservation, Observation, StageObservation
+from tuner.prior import PriorTuner
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -39,10 +40,11 @@ __all__ = [
 ]
 
 DEFAULT_POLICY = Path(__file__).parent / "policies" / "intune-default.pt"
-TUNER_NAMES = ("intune", "hillclimb", "lp", "static", "random")
+TUNER_NAMES = ("intune", "prior", "hillclimb", "lp", "static", "random")
 CHECKPOINT_FORMAT = "intune-tuner-checkpoint"
 CHECKPOINT_VERSION = 1
 _BASELINES = {
+    "prior": PriorTuner,
     "hillclimb": HillClimbTuner,
     "lp": LinearProgramTuner,
     "static": StaticTuner,
@@ -80,11 +82,12 @@ def load_policy(path: str | Path = DEFAULT_POLICY) -> dict:
 
 
 def make_tuner(name: str, stage_names: list[str], seed: int = 0, **options) -> Tuner:
-    """A tuner by name: ``intune``, ``hillclimb``, ``lp``, ``static`` or ``random``.
+    """A tuner by name: ``intune``, ``prior``, ``hillclimb``, ``lp``, ``static`` or ``random``.
 
     ``intune`` loads the shipped pretrained policy unless ``policy`` names another file or is
     ``None`` (untrained weights); any :class:`~tuner.intune.IntuneConfig` field may be given as
-    an option (e.g. ``online_epsilon=0.05``). Baselines take no options.
+    an option (e.g. ``online_epsilon=0.05``). ``prior`` is intune's model-based part alone
+    (:mod:`tuner.prior`), with intune's default hyperparameters. Baselines take no options.
     """
     if not 1 <= len(stage_names) <= 16:
         raise ValueError(f"a pipeline has 1 to 16 stages; got {len(stage_names)}")

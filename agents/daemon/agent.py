@@ -252,6 +252,7 @@ class Agent:
         per_worker = {
             s["name"]: s["rss_mb"] / s["workers"] for s in stages if s["workers"] and s["rss_mb"]
         }
+        self._follow_cpus()
         host = self.host.sample(self.worker_budget)
         with self._lock:
             self._rss_per_worker.update(per_worker)
@@ -272,6 +273,23 @@ class Agent:
             host["ranks"] = self.ranks
             sample["ranks"] = rank_fields()
         return sample
+
+    def _follow_cpus(self) -> None:
+        """When the host's CPUs change under the agent (its cpuset shrunk or grown), the budget
+        it checks and reports follows them, unless ``--worker-budget`` fixed it: the control
+        plane sees the new budget in the next sample and the tuner allocates within it."""
+        if not self.host.refresh() or self.config.worker_budget is not None:
+            return
+        budget = cpu_slots(self.host.limits.cpus, len(self.stage_names))
+        if budget != self.worker_budget:
+            log.warning(
+                "the host's CPUs changed to %s (%g CPUs): worker budget %d -> %d CPU slots",
+                ",".join(map(str, self.host.limits.cpu_ids)),
+                self.host.limits.cpus,
+                self.worker_budget,
+                budget,
+            )
+            self.worker_budget = budget
 
     def _sample_loop(self) -> None:
         interval = self.config.interval_s

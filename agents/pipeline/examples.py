@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import time
+import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from agents.pipeline.pipeline import Pipeline
 from agents.pipeline.stage import Stage
@@ -126,4 +130,64 @@ def object_store_text(
         ],
         queue_size=queue_size,
         name="object-store-text",
+    )
+
+
+# ----------------------------------------------------------------------------- contended compress
+
+
+def make_block(key: int, kb: int = 64) -> bytes:
+    """A block of ``kb`` kilobytes of log-like text made from ``key`` (compresses about 4:1)."""
+    line = f"{key:08d} GET /objects/{key % 7919:05d} 200 {key * 2654435761 % 10**9:09d}\n"
+    data = line.encode() * (kb * 1024 // len(line) + 1)
+    return data[: kb * 1024]
+
+
+@dataclass(frozen=True)
+class ContendedCompress:
+    """Compress a block, the first ``serial`` part of it while holding a lock that every worker
+    of the stage shares (a shared dictionary or cache being updated): the stage's throughput
+    grows sublinearly with its workers, as Amdahl's law says, although each worker computes."""
+
+    lock: Any
+    serial: float = 0.4
+    level: int = 6
+
+    def __call__(self, block: bytes) -> bytes:
+        """The block compressed in two parts, the first under the shared lock."""
+        cut = int(len(block) * self.serial)
+        with self.lock:
+            head = zlib.compress(block[:cut], self.level)
+        return head + zlib.compress(block[cut:], self.level)
+
+
+def checksum(packed: bytes) -> tuple[int, int]:
+    """A small record of the compressed block: its CRC-32 and size (light CPU)."""
+    return zlib.crc32(packed), len(packed)
+
+
+def contended_compress(
+    n: int | None = None, kb: int = 64, serial: float = 0.4, level: int = 6, queue_size: int = 8
+) -> Pipeline:
+    """A CPU-heavy stage that scales sublinearly: ``make`` builds 64 kB blocks (a thread),
+    ``compress`` compresses them in processes that hold one shared lock for ``serial`` of each
+    block, ``checksum`` reduces them (a process).
+
+    A model that takes a stage's rate as linear in its workers (rate per busy worker times
+    workers) overestimates what a second ``compress`` worker gives: the shape where a tuner has
+    to measure rather than predict.
+    """
+    if not 0.0 <= serial <= 1.0:
+        raise ValueError(f"serial is the locked fraction of each block, 0 to 1; got {serial}")
+    source = range(n) if n is not None else _endless
+    lock = multiprocessing.get_context("fork").Lock()  # inherited by the forked workers
+    return Pipeline(
+        source,
+        [
+            Stage("make", functools.partial(make_block, kb=kb), kind="thread", max_workers=4),
+            Stage("compress", ContendedCompress(lock, serial, level), max_workers=16),
+            Stage("checksum", checksum, max_workers=16),
+        ],
+        queue_size=queue_size,
+        name="contended-compress",
     )

@@ -6,7 +6,9 @@ from tuner.control import make_tuner
 
 
 def test_an_unknown_tuner_name_lists_the_choices():
-    with pytest.raises(ValueError, match="choose one of intune, hillclimb, lp, static, random"):
+    with pytest.raises(
+        ValueError, match="choose one of intune, prior, hillclimb, lp, static, random"
+    ):
         make_tuner("autotune", ["read", "parse"])
 
 

@@ -173,3 +173,12 @@ def test_a_baseline_tuner_takes_only_the_control_planes_own_option(api, operator
     assert "takes no options" in refused.json()["detail"]
     taken = post_job(api, operator, "lp-2", tuner="lp", tuning_options={"pretrain_steps": 10})
     assert taken.status_code == 201, taken.content
+
+
+def test_a_job_may_choose_the_prior_tuner_which_takes_only_the_control_planes_option(api, operator):
+    taken = post_job(api, operator, "prior-1", tuner="prior", tuning_options={"pretrain_steps": 5})
+    assert taken.status_code == 201, taken.content
+    assert Job.objects.get(name="prior-1").tuner == "prior"
+    refused = post_job(api, operator, "prior-2", tuner="prior", tuning_options={"gamma": 0.5})
+    assert refused.status_code == 400
+    assert "takes no options" in refused.json()["detail"]

@@ -136,3 +136,49 @@ def test_a_session_whose_pretraining_died_is_pretrained_again(session, monkeypat
     assert tasks.resume_stalled_sessions() == 1
     assert queued == [session.pk]
     assert tasks.resume_stalled_sessions() == 0  # its heartbeat was touched: not queued twice
+
+
+def test_a_prior_session_decides_and_resumes_from_its_checkpoint(session, sample):
+    """``prior`` (intune without its learning) runs under the control plane like any tuner."""
+    TuningSession.objects.filter(pk=session.pk).update(tuner="prior")
+    host = session.host
+    feed(host, sample, seconds=6, start_seq=1)
+    assert services.take_step(session.pk, 0)[0] == "decided"
+    feed(host, sample, seconds=6, start_seq=100)
+    assert services.take_step(session.pk, 1)[0] == "decided"
+    decisions = Decision.objects.filter(session=session).order_by("step")
+    assert [d.step for d in decisions] == [0, 1]
+    assert all(d.action for d in decisions)
+
+
+def test_a_database_that_does_not_answer_retries_the_step_then_fails_the_session(
+    session, monkeypatch
+):
+    from django.db import OperationalError
+
+    from webapp.tuning import tasks
+
+    def no_connection(session_id, expected_step):
+        raise OperationalError("couldn't get a connection after 3.00 sec")
+
+    # The pool timing out cannot be caused on demand here: take_step raises what it raised in
+    # the shoot-out on a loaded host. The retry is seen queued without a broker.
+    monkeypatch.setattr(services, "take_step", no_connection)
+    queued = []
+    monkeypatch.setattr(
+        tasks.run_tuning_step,
+        "apply_async",
+        lambda args, countdown: queued.append((args, countdown)),
+    )
+    assert tasks.run_tuning_step(session.pk, 3) == "retrying"
+    session.refresh_from_db()
+    assert session.status == "running" and queued == [((session.pk, 3, 1), 1)]
+    assert tasks.run_tuning_step(session.pk, 3, tasks.TRANSIENT_RETRIES - 1) == "retrying"
+    assert queued[-1] == (
+        (session.pk, 3, tasks.TRANSIENT_RETRIES),
+        2 ** (tasks.TRANSIENT_RETRIES - 1),
+    )
+    assert tasks.run_tuning_step(session.pk, 3, tasks.TRANSIENT_RETRIES) == "failed"
+    session.refresh_from_db()
+    assert session.status == "failed" and "did not answer" in session.error
+    assert len(queued) == 2

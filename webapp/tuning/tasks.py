@@ -6,6 +6,8 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.db import InterfaceError
+from django.db import OperationalError as DatabaseOperationalError
 from django.dispatch import receiver
 from django.utils import timezone
 from kombu.exceptions import OperationalError
@@ -21,12 +23,34 @@ from .twins import fit_host_twin
 log = logging.getLogger(__name__)
 
 
+# A database that does not answer for a moment (no pooled connection within its timeout on a
+# loaded host, a failover) is not a broken policy: the same step is tried again, a bounded number
+# of times with growing waits (1, 2, 4, 8, 16 s), before the session fails.
+TRANSIENT_RETRIES = 5
+
+
 @shared_task(acks_late=True, soft_time_limit=30, time_limit=60)
-def run_tuning_step(session_id: int, expected_step: int) -> str:
+def run_tuning_step(session_id: int, expected_step: int, attempt: int = 0) -> str:
     """Take the session's next decision when its metrics are fresh, then schedule the next task."""
     started = time.perf_counter()
     try:
         outcome, delay = services.take_step(session_id, expected_step)
+    except (DatabaseOperationalError, InterfaceError) as exc:
+        if attempt >= TRANSIENT_RETRIES:
+            log.exception("tuning session %s failed at step %s", session_id, expected_step)
+            services.fail_session(
+                session_id, f"the database did not answer {attempt + 1} times: {exc}"
+            )
+            return "failed"
+        log.warning(
+            "tuning session %s, step %s: the database did not answer (%s); trying again in %d s",
+            session_id,
+            expected_step,
+            exc,
+            2**attempt,
+        )
+        run_tuning_step.apply_async((session_id, expected_step, attempt + 1), countdown=2**attempt)
+        return "retrying"
     except Exception as exc:  # a broken policy must stop its session, visibly, not loop forever
         log.exception("tuning session %s failed at step %s", session_id, expected_step)
         services.fail_session(session_id, f"{type(exc).__name__}: {exc}")
