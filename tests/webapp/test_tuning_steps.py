@@ -182,3 +182,44 @@ def test_a_database_that_does_not_answer_retries_the_step_then_fails_the_session
     session.refresh_from_db()
     assert session.status == "failed" and "did not answer" in session.error
     assert len(queued) == 2
+
+
+def test_a_decision_the_budget_refuses_keeps_the_allocation_and_the_session(
+    session, sample, monkeypatch
+):
+    """The budget is measured and moves under a running session (a stage's CPU per worker
+    rises, the host loses CPUs); a decision that no longer fits must not end the session.
+    The real tuner is wrapped so that its decision is over the budget: how a measured budget
+    shrinks under it is the agent's and the ingestion's business, tested elsewhere."""
+    import tuner as tuner_lib
+
+    real_new_tuner = services._new_tuner
+
+    class OverBudget:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def decide(self, observation):
+            decision = self.inner.decide(observation)
+            decision.allocation = {name: 10_000 for name in decision.allocation}
+            return decision
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(services, "_new_tuner", lambda s: OverBudget(real_new_tuner(s)))
+    monkeypatch.setattr(tuner_lib, "dumps", lambda policy: b"checkpoint")
+    monkeypatch.setattr(tuner_lib, "loads", lambda data: OverBudget(real_new_tuner(session)))
+    host = session.host
+    before = host.allocations.get(version=host.allocation_version).workers
+    feed(host, sample, seconds=6, start_seq=1)
+    assert services.take_step(session.pk, 0)[0] == "decided"
+    feed(host, sample, seconds=6, start_seq=100)
+    assert services.take_step(session.pk, 1)[0] == "decided"
+    session.refresh_from_db()
+    assert session.status == TuningSession.Status.RUNNING and session.steps == 2
+    decisions = list(Decision.objects.order_by("step"))
+    assert [d.step for d in decisions] == [0, 1]
+    assert all("refused" in d.info and "workers" in d.info["refused"] for d in decisions)
+    host.refresh_from_db()
+    assert host.allocations.get(version=host.allocation_version).workers == before

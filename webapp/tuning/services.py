@@ -160,8 +160,27 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         started = time.perf_counter()
         decision = policy.decide(observation)
         latency_ms = (time.perf_counter() - started) * 1000
-        workers = check_allocation(host, decision.allocation, budget)
         current = newest.workers if newest is not None else None
+        info = dict(decision.info or {})
+        try:
+            workers = check_allocation(host, decision.allocation, budget)
+        except ValidationError as exc:
+            if current is None:
+                raise
+            # The budget is measured, and moves (a stage's CPU per worker rose, the host lost
+            # CPUs): a decision that no longer fits is refused, not the session's end. The
+            # allocation in force stays; the tuner sees the new budget at the next step.
+            workers = current
+            info["refused"] = str(exc.detail)[:500]
+            log.warning(
+                "session %s step %s on host %s: decision %s refused by the budget (%s); keeping %s",
+                session.pk,
+                session.steps,
+                host.pk,
+                decision.allocation,
+                info["refused"],
+                current,
+            )
         allocation = newest
         if workers != current:
             allocation = create_allocation(host, workers, Allocation.Source.POLICY)
@@ -174,7 +193,7 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
             q_values=decision.q_values,
             reward=decision.reward,
             epsilon=decision.epsilon,
-            info=decision.info or {},
+            info=info,
             allocation=allocation,
             latency_ms=latency_ms,
         )
