@@ -190,9 +190,10 @@ def load_pipeline(
             if value is not None
         ]
         if given:
+            verb = "applies" if len(given) == 1 else "apply"
             raise SystemExit(
-                f"{' and '.join(given)} apply to --pipeline dlrm only; a module:factory "
-                "pipeline reads its own data and fuses its own stages (agents.pipeline.fuse_groups)"
+                f"{' and '.join(given)} {verb} to --pipeline dlrm only; a module:factory "
+                "pipeline fuses its own stages (agents.pipeline.fuse_groups) and reads its own data"
             )
     if bad_lines is not None and data_dir is None:
         raise SystemExit(

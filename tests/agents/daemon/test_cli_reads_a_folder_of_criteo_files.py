@@ -75,11 +75,11 @@ def test_the_agent_runs_the_folder_and_reports_to_the_control_plane(control_plan
     [
         (
             ["--data-dir", "{folder}", "--pipeline", "cli_pipelines:build"],
-            "apply to --pipeline dlrm only",
+            "to --pipeline dlrm only",
         ),
         (
             ["--bad-lines", "skip", "--pipeline", "cli_pipelines:build"],
-            "apply to --pipeline dlrm only",
+            "to --pipeline dlrm only",
         ),
         (["--data-dir", "{folder}/nowhere"], "no such folder"),
         (["--bad-lines", "skip"], "--bad-lines applies to the Criteo files of --data-dir"),
