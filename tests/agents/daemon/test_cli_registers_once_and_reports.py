@@ -92,7 +92,7 @@ def test_fusion_is_for_the_dlrm_pipeline_only(tmp_path):
         "--state-dir", str(tmp_path),
     )  # fmt: skip
     assert result.returncode != 0
-    assert "--fuse apply to --pipeline dlrm only" in result.stderr
+    assert "--fuse applies to --pipeline dlrm only" in result.stderr
     assert "fuses its own stages" in result.stderr
 
 
