@@ -56,3 +56,24 @@ def test_impossible_budgets_are_refused(api, operator, make_job):
     )
     assert response.status_code == 400
     assert "cpus" in response.json()["detail"] and "memory_mb" in response.json()["detail"]
+
+
+def test_the_default_budget_of_the_largest_host_is_one_the_schema_allows(api, operator, make_job):
+    """Found by schemathesis: 100,000 CPUs (the most allowed) and a stage made a default budget
+    of 100,001, above the schema's maximum for ``worker_budget``."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    job = make_job(stages=["read", "parse"])
+    body = (
+        api.as_user(operator)
+        .post(
+            f"/api/v1/jobs/{job.pk}/hosts/",
+            {"name": "h", "cpus": 100_000, "memory_mb": 8192, "ranks": 1024},
+            format="json",
+        )
+        .json()
+    )
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    field = schema["components"]["schemas"]["HostRegistered"]["properties"]["worker_budget"]
+    maximum = next(s["maximum"] for s in field.get("anyOf", [field]) if "maximum" in s)
+    assert body["worker_budget"] == 100_000 + 2 * 1024 <= maximum

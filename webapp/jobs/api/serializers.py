@@ -185,6 +185,13 @@ def active_override_data(host: Host) -> dict | None:
     return None if override is None else ActiveOverrideSerializer(override).data
 
 
+MAX_CPUS = 100_000
+MAX_RANKS = 1024
+# The most a host's default budget can be (agents.budget.cpu_slots: its whole CPUs plus one slot
+# per stage of each rank), so that what the control plane fills in is one the schema allows.
+MAX_WORKER_BUDGET = MAX_CPUS + MAX_STAGES * MAX_RANKS
+
+
 class HostSerializer(StrictModelSerializer):
     name = StrictCharField(
         max_length=64,
@@ -197,14 +204,14 @@ class HostSerializer(StrictModelSerializer):
             )
         ],
     )
-    cpus = StrictFloatField(min_value=0.01, max_value=100_000)
+    cpus = StrictFloatField(min_value=0.01, max_value=MAX_CPUS)
     memory_mb = StrictFloatField(min_value=1, max_value=1e9)
     worker_budget = StrictIntegerField(
-        min_value=1, max_value=100_000, required=False, allow_null=True
+        min_value=1, max_value=MAX_WORKER_BUDGET, required=False, allow_null=True
     )
     ranks = StrictIntegerField(
         min_value=1,
-        max_value=1024,
+        max_value=MAX_RANKS,
         required=False,
         help_text="Local ranks (training processes, torchrun --nproc-per-node) sharing the "
         "host; each runs the allocation, which is per rank. Default 1.",
