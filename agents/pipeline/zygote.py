@@ -43,6 +43,7 @@ FORK_LOCK = threading.Lock()
 
 _PID = struct.Struct("<q")
 _REQUEST_TIMEOUT_S = 10.0
+_KILL_REAP_S = 1.0  # how long close() waits for the launcher to die after SIGKILL
 _PR_SET_PDEATHSIG = 1
 
 
@@ -138,6 +139,7 @@ class Zygote:
             self._closed = True
             self._socket.close()
         deadline = time.monotonic() + timeout
+        killed = False
         while True:
             try:
                 pid, _ = os.waitpid(self.pid, os.WNOHANG)
@@ -146,9 +148,15 @@ class Zygote:
             if pid:
                 return
             if time.monotonic() > deadline:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-                return
+                if not killed:
+                    os.kill(self.pid, signal.SIGKILL)
+                    killed = True
+                    deadline = time.monotonic() + _KILL_REAP_S
+                else:
+                    # Still not dead a second after SIGKILL (stuck in the kernel, e.g. on a hung
+                    # NFS read): leave it to init rather than block the caller without a bound.
+                    log.warning("launcher %d did not exit after SIGKILL; not reaped", self.pid)
+                    return
             time.sleep(0.01)
 
 
