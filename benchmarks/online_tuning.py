@@ -23,9 +23,11 @@ budget allows (a waiting stage may have up to 64 threads, too many to try them a
    killed by SIGKILL (the OOM killer's signal), whether the agent survived and whether the
    tuning session ran to the end. ``--fixed-best`` adds a run of the best allocation, set by an
    override from the start: the reference measured online, through the same system. When the
-   control plane's budget refuses the best measured allocation (the sweep may try more threads
-   for a waiting stage than the budget, judged on the CPU measured, then allows), the next best
-   it accepts is run instead, and the run says which and what was refused.
+   control plane's budget refuses the best measured allocation (a fresh host's budget counts
+   every worker at a CPU slot until the agent has measured its stages, and the sweep may try
+   more threads for a waiting stage than the budget, judged on the CPU measured, then allows),
+   the best is asked again for 30 s while the first measurements arrive; then the next best it
+   accepts is run instead, and the run says which and what was refused.
 3. ``--events`` (a real host's events, each a quarter of the run in): the pipeline's CPUs cut to
    one (the affinity of the agent and its workers shrunk: the agent notices and reports the
    smaller budget); then the CPUs back and a co-tenant process burning a CPU; then the co-tenant
@@ -80,6 +82,9 @@ EVENTS = (  # (fraction of the run, condition from then on, what happens)
     (0.75, "low_memory", "co-tenant gone, memory budget lowered"),
 )
 FIXED = "best-fixed"  # the online reference: the best allocation measured, set and kept
+# How long the best-fixed run asks for the best allocation while the agent's first measurements
+# reach the budget, before it takes the next best (a few of the agent's 5-second batches).
+FIXED_PATIENCE_S = 30.0
 REACHED = 0.95  # "reached the best": a 3 s mean at 95% of it
 SMOOTH_S = 3
 
@@ -209,18 +214,30 @@ def ranked(condition: dict) -> list[dict[str, int]]:
 
 
 def set_best_accepted(
-    put: Callable[[dict[str, int]], httpx.Response], allocations: list[dict[str, int]]
+    put: Callable[[dict[str, int]], httpx.Response],
+    allocations: list[dict[str, int]],
+    patience_s: float = 0.0,
+    retry_s: float = 2.0,
 ) -> tuple[dict[str, int], list[dict]]:
     """Put the first of ``allocations`` (best first) that the control plane accepts as an
-    override; ``put`` sends one. Returns it and the refused ones, each with the refusal (400)."""
+    override; ``put`` sends one. Returns it and the refused ones, each with the refusal (400).
+
+    The budget counts a stage's workers at one CPU slot each until the agent has measured them
+    (``agents.budget``), so a fresh host refuses the many threads a waiting stage's best
+    allocation has; the best is asked again every ``retry_s`` for ``patience_s`` seconds, while
+    the agent's first measurements arrive, before the next best is taken."""
     refused = []
-    for allocation in allocations:
-        response = put(allocation)
-        if response.status_code == 400:
-            refused.append({"allocation": allocation, "why": response.text[:500]})
-            continue
-        response.raise_for_status()
-        return allocation, refused
+    deadline = time.monotonic() + patience_s
+    for index, allocation in enumerate(allocations):
+        while True:
+            response = put(allocation)
+            if response.status_code != 400:
+                response.raise_for_status()
+                return allocation, refused
+            if index > 0 or time.monotonic() + retry_s > deadline:
+                break
+            time.sleep(retry_s)
+        refused.append({"allocation": allocation, "why": response.text[:500]})
     raise RuntimeError(
         f"the control plane refused all {len(allocations)} allocations measured as an override "
         f"(the first: {refused[0]['why'] if refused else 'none given'}); run without "
@@ -458,6 +475,7 @@ def online(
                         },
                     ),
                     fixed,
+                    patience_s=FIXED_PATIENCE_S,
                 )
                 if refused:
                     console.print(

@@ -153,3 +153,40 @@ def test_fixed_best_says_what_to_do_when_the_budget_refuses_everything():
         set_best_accepted(  # other errors are not refusals: they stop the run
             lambda w: api.put("/override/", json={"workers": w}), [{"fetch": 1, "decode": 5}]
         )
+
+
+def _fresh_host(measured_after: int) -> tuple[httpx.Client, list[dict]]:
+    """A control plane whose budget counts every worker at a CPU slot (at most 2 fetch threads)
+    until the agent's measurements arrive, at the ``measured_after``-th request; then it accepts
+    anything. Returns the client and the allocations asked, in order."""
+    asked: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        workers = json.loads(request.content)["workers"]
+        asked.append(workers)
+        if len(asked) < measured_after and workers["fetch"] > 2:
+            return httpx.Response(400, json={"workers": ["fetch: at most 2 until measured"]})
+        return httpx.Response(200, json={"workers": workers})
+
+    return httpx.Client(transport=httpx.MockTransport(handler), base_url="http://plane"), asked
+
+
+def test_fixed_best_asks_again_while_the_agents_first_measurements_reach_the_budget():
+    api, asked = _fresh_host(measured_after=3)
+    with api:
+        chosen, refused = set_best_accepted(
+            lambda w: api.put("/override/", json={"workers": w}),
+            ranked(REFERENCE),
+            patience_s=1.0,
+            retry_s=0.05,
+        )
+    assert chosen == {"fetch": 48, "decode": 1} and refused == []
+    assert asked == [{"fetch": 48, "decode": 1}] * 3
+    # Without patience the same control plane gives the best's place to the next best it takes.
+    api, asked = _fresh_host(measured_after=3)
+    with api:
+        chosen, refused = set_best_accepted(
+            lambda w: api.put("/override/", json={"workers": w}), ranked(REFERENCE)
+        )
+    assert chosen == {"fetch": 8, "decode": 2}
+    assert [r["allocation"]["fetch"] for r in refused] == [48, 16]
