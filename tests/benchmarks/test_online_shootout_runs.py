@@ -190,3 +190,55 @@ def test_fixed_best_asks_again_while_the_agents_first_measurements_reach_the_bud
         )
     assert chosen == {"fetch": 8, "decode": 2}
     assert [r["allocation"]["fetch"] for r in refused] == [48, 16]
+
+
+def test_the_reference_is_the_best_confirmed_mean_not_the_luckiest_window(monkeypatch):
+    # A pipeline whose second allocation had one lucky window in the sweep: measured again,
+    # alternately with the others, it is slower than the first, which becomes the reference.
+    from benchmarks import online_tuning
+
+    windows = {1: iter([100.0, 101.0, 99.0]), 2: iter([150.0, 80.0, 82.0]), 3: iter([50.0])}
+    order = []
+
+    class FakePipeline:
+        stage_names = ["fetch", "pack"]
+        stages = []
+
+        def start(self):
+            return self
+
+        def __iter__(self):
+            return iter(())
+
+        def apply(self, allocation):
+            order.append(allocation["fetch"])
+
+        def consumer_stats(self):
+            # Called at the start of a window (ignored) and at its end (the window's figure).
+            self.reads = getattr(self, "reads", 0) + 1
+            if self.reads % 2:
+                return {"throughput": -1.0}
+            return {"throughput": next(windows[order[-1]])}
+
+        def metrics(self):
+            return []
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(online_tuning, "build", lambda spec, **options: FakePipeline())
+    monkeypatch.setattr(online_tuning, "factory_options", lambda spec, fuse: {})
+    monkeypatch.setattr(online_tuning.time, "sleep", lambda s: None)
+    monkeypatch.setattr(
+        "benchmarks.io_budget.candidates",
+        lambda cpus: [{"fetch": n, "pack": 1} for n in (1, 2, 3)],
+    )
+    allocation, throughput, table = online_tuning.exhaustive(
+        0, 0, "x:y", "io", confirm_top=2, confirm_rounds=2
+    )
+    assert allocation == {"fetch": 1, "pack": 1} and throughput == pytest.approx(100.0)
+    assert order == [1, 2, 3, 2, 1, 1, 2]  # the sweep, then the two fastest alternately
+    assert table[1]["confirmed"] == [80.0, 82.0] and "confirmed" not in table[2]
+    assert ranked({"allocation": allocation, "table": table})[:2] == [
+        {"fetch": 1, "pack": 1}, {"fetch": 2, "pack": 1}
+    ]  # fmt: skip
