@@ -12,8 +12,10 @@ object store) uses little CPU however long it waits. So the budget counts CPU sl
   on the agent, or ``worker_budget`` at registration, sets another number of slots.
 - One worker of a stage takes ``worker_cpu`` slots: 1 until the stage has been measured, and 1
   when it computes. When its workers wait (one busy worker was measured to use less than half a
-  CPU: ``cpu_percent / 100 / (workers * busy_fraction) < 0.5``), the CPU one busy worker uses,
-  at least 1/64 of a slot.
+  CPU: ``(cpu_percent + runqueue_percent) / 100 / (workers * busy_fraction) < 0.5``), the CPU
+  one busy worker uses, at least 1/64 of a slot. ``runqueue_percent`` is the time the workers
+  were runnable but waiting for a CPU (the scheduler's run-queue delay): a worker held back by
+  other work on the host wanted that CPU, so it counts as computing, not as waiting.
 - An allocation is per rank: every local rank's pipeline runs it (docs/architecture.md,
   "Multi-rank hosts"). It takes ``ranks * sum(workers * worker_cpu)`` slots, at most the
   host's: the ranks share the host's CPUs and memory. A stage whose workers wait has at most
@@ -72,17 +74,26 @@ def default_memory_budget_mb(memory_limit_mb: float) -> float:
     return MEMORY_BUDGET_FRACTION * memory_limit_mb
 
 
-def cpu_per_busy_worker(cpu_percent: float, workers: int, busy_fraction: float) -> float | None:
-    """Return the CPUs one busy worker of a stage used, or ``None`` when too little ran to say.
+def cpu_per_busy_worker(
+    cpu_percent: float, workers: int, busy_fraction: float, runqueue_percent: float = 0.0
+) -> float | None:
+    """Return the CPUs one busy worker of a stage used or wanted, or ``None`` when too little
+    ran to say.
 
     ``cpu_percent`` is the stage's CPU use over all its workers (100 is one CPU; 0 is taken as
     not measured), ``busy_fraction`` the fraction of the time its workers spent in the stage's
-    function.
+    function, ``runqueue_percent`` the time its workers spent runnable but waiting for a CPU,
+    in the same unit (100 is one worker waiting the whole time; 0 when not measured).
+
+    A worker on the run queue wanted a CPU: that time counts as CPU, not as waiting. Without it
+    a stage that computes on a host loaded by other work reads as a stage whose workers wait,
+    and the budget would let it have many more workers than there are CPUs.
     """
     busy_workers = workers * busy_fraction
     if busy_workers < MIN_BUSY_WORKERS or cpu_percent <= 0:
         return None
-    return cpu_percent / 100.0 / busy_workers
+    wanted = cpu_percent + max(0.0, runqueue_percent or 0.0)
+    return wanted / 100.0 / busy_workers
 
 
 def worker_cpu(cpu_per_busy: float | None) -> float:
@@ -103,7 +114,8 @@ def relative_cpu_per_busy_worker(
     host is saturated (see the module docstring).
 
     ``stages`` are the protocol's stage fields (``name``, ``workers``, ``busy_fraction``,
-    ``cpu_percent``); ``host_cpu_percent`` the host's CPU use (100 is all its CPUs).
+    ``cpu_percent`` and, when measured, ``runqueue_percent``); ``host_cpu_percent`` the host's
+    CPU use (100 is all its CPUs).
     """
     raw = {}
     for stage in stages:
@@ -112,7 +124,10 @@ def relative_cpu_per_busy_worker(
             # Even a waiting worker uses some CPU: none at all means nothing was measured.
             continue
         value = cpu_per_busy_worker(
-            float(cpu), int(stage.get("workers") or 0), float(stage.get("busy_fraction") or 0.0)
+            float(cpu),
+            int(stage.get("workers") or 0),
+            float(stage.get("busy_fraction") or 0.0),
+            float(stage.get("runqueue_percent") or 0.0),
         )
         if value is not None:
             raw[str(stage["name"])] = value

@@ -189,7 +189,10 @@ def sum_stages(reports: list[list[dict]], names: list[str]) -> list[dict]:
             "workers": workers,
             "busy_fraction": busy / workers if workers else 0,
         }
-        for key in ("items_per_s", "in_queue", "out_queue", "queue_capacity", "cpu_percent"):
+        for key in (
+            "items_per_s", "in_queue", "out_queue", "queue_capacity", "cpu_percent",
+            "runqueue_percent",
+        ):  # fmt: skip
             stage[key] = sum(float(r.get(key, 0.0)) for r in rows)
         stage["rss_mb"] = sum(float(r.get("rss_mb", 0.0)) for r in rows)
         out.append(stage)

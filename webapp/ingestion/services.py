@@ -55,7 +55,7 @@ class SequenceConflict(ValueError):
 # A stage sample's measurements: what is stored, and the series read back.
 STAGE_SERIES = (
     "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue", "queue_capacity",
-    "cpu_percent", "rss_mb",
+    "cpu_percent", "runqueue_percent", "rss_mb",
 )  # fmt: skip
 
 
@@ -298,7 +298,7 @@ def _recent_measurements(host: Host) -> list[tuple[float, list[dict]]]:
     )
     stages = defaultdict(list)
     rows = StageSample.objects.filter(sample_id__in=[s["id"] for s in samples]).values(
-        "sample_id", "stage", "workers", "busy_fraction", "cpu_percent"
+        "sample_id", "stage", "workers", "busy_fraction", "cpu_percent", "runqueue_percent"
     )
     for row in rows:
         stages[row["sample_id"]].append({**row, "name": row["stage"]})
