@@ -57,6 +57,10 @@ METER_WINDOW = 10
 #: measurement is a few seconds newer, and a waiting stage's CPU per worker moves by this much
 #: from one window to the next; refusing there would cost a decision for nothing.
 AGENT_WAITING_TOLERANCE = 0.2
+#: Ranks whose needs for a stage differ by less than this ratio measure alike and get the same
+#: workers: a busy fraction moves by a few tens of percent from one second to the next on a
+#: shared host, and a split that followed it would move workers back and forth for nothing.
+ALIKE_WITHIN = 1.5
 #: The agent's default memory budget, as a fraction of the host's (cgroup) memory limit.
 MEMORY_BUDGET_FRACTION = 0.8
 # Room for float sums: 0.1 * 3 slots must fit in 0.3.
@@ -354,3 +358,84 @@ def allocation_problems(
                 f"is {host.memory_mb:.0f} MB{hint}"
             )
     return problems
+
+
+def rank_need(stages: Iterable[Mapping]) -> dict[str, float]:
+    """One rank's measured need per stage: its busy workers (``workers * busy_fraction``).
+
+    The ranks of a DDP job take the same samples/s (each step waits for all of them), so a
+    stage's busy workers on a rank are that rank's time per item at the common rate: a rank
+    whose items cost twice as much keeps twice as many workers busy.
+    """
+    return {
+        str(s["name"]): max(0.0, float(s.get("workers") or 0) * float(s.get("busy_fraction") or 0))
+        for s in stages
+    }
+
+
+def _largest_remainder(count: int, weights: Mapping[int, float], room: Mapping[int, int]) -> dict:
+    """Share ``count`` among ``weights``' keys in proportion, none past its ``room``; what no
+    key has room for is left out. Equal weights share alike (ties go to the lower key)."""
+    given = dict.fromkeys(weights, 0)
+    left = count
+    open_ = [k for k in sorted(weights) if room[k] > 0]
+    while left > 0 and open_:
+        total = sum(weights[k] for k in open_)
+        quotas = {k: left * (weights[k] / total if total > 0 else 1.0 / len(open_)) for k in open_}
+        share = {k: min(room[k] - given[k], math.floor(quotas[k] + _EPSILON)) for k in open_}
+        handed = sum(share.values())
+        by_rest = sorted(open_, key=lambda k: (-(quotas[k] - math.floor(quotas[k] + _EPSILON)), k))
+        for k in by_rest:
+            if handed >= left:
+                break
+            if given[k] + share[k] < room[k]:
+                share[k] += 1
+                handed += 1
+        for k in open_:
+            given[k] += share[k]
+        left -= handed
+        open_ = [k for k in open_ if given[k] < room[k]]
+        if handed == 0:
+            break
+    return given
+
+
+def split_across_ranks(
+    workers: Mapping[str, int],
+    needs: Mapping[int, Mapping[str, float]],
+    max_workers: Mapping[str, int | None] | None = None,
+) -> dict[int, dict[str, int]]:
+    """Split the host's allocation among its ranks by what each measured it needs.
+
+    ``workers`` is the per-rank allocation the control plane decided: the host runs
+    ``len(needs) * workers[stage]`` workers of each stage in all, and so does every split.
+    ``needs`` holds, per rank, each stage's measured need (:func:`rank_need`; a rank or stage
+    not measured counts as the mean of the others). Each rank gets at least one worker per
+    stage and at most the stage's ``max_workers``; the rest goes in proportion to the ranks'
+    needs. Ranks that measure alike (needs within :data:`ALIKE_WITHIN` of each other) get
+    ``workers`` each. The total per stage never exceeds
+    the host's, so a split fits wherever ``workers`` fits (the budget counts a stage's
+    workers alike on every rank).
+    """
+    ranks = sorted(needs)
+    if not ranks:
+        return {}
+    bounds = max_workers or {}
+    split: dict[int, dict[str, int]] = {rank: {} for rank in ranks}
+    for stage, per_rank in workers.items():
+        per_rank = max(1, int(per_rank))
+        total = per_rank * len(ranks)
+        measured = {r: float(needs[r][stage]) for r in ranks if needs[r].get(stage) is not None}
+        known = [v for v in measured.values() if v > 0]
+        fill = sum(known) / len(known) if known else 1.0
+        need = {r: measured.get(r) or fill for r in ranks}
+        if max(need.values()) < ALIKE_WITHIN * min(need.values()):
+            need = dict.fromkeys(ranks, 1.0)
+        # Each rank's proportional share of the total, less the one worker it gets anyway.
+        weights = {r: max(0.0, total * need[r] / sum(need.values()) - 1) for r in ranks}
+        cap = bounds.get(stage)
+        room = {r: (int(cap) if cap else total) - 1 for r in ranks}
+        extra = _largest_remainder(total - len(ranks), weights, room)
+        for rank in ranks:
+            split[rank][stage] = 1 + extra[rank]
+    return split
