@@ -5,6 +5,13 @@ two training processes, their pipelines and the one host agent one of them runs.
 The host is registered once with its two ranks, both ranks report through the one agent, a
 tuning session decides, both ranks apply the decision, and at no sample do the ranks' workers
 together exceed the host's budget.
+
+It runs in `make test`, beside the rest of the suite on 2 cores. It once failed there (two
+clean-clone CI runs, passing alone): the suite's load kept the DLRM stages' workers off the
+CPUs, they read as workers that wait on I/O, and the tuner gave them more workers than the host
+had slots. The stages now report their run-queue delay and the budget counts it as CPU
+(agents/pipeline/schedstat.py, agents.budget.cpu_per_busy_worker). Every wait is bounded; the
+whole run is bounded by the timeout below.
 """
 
 import json
@@ -20,9 +27,9 @@ import pytest
 from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
 from webapp.stack.supervisor import wait_until
 
-# In `make soak` for now: it passes alone (SQLite and PostgreSQL), but inside the full suite
-# on 2 cores an assertion after the run failed in two clean-clone CI runs, not yet explained.
-pytestmark = [pytest.mark.slow, pytest.mark.soak]
+# 48 to 88 s alone on this 2-core machine. The waits below add up to 190 s at most, and the
+# live stack (this module's own) starts within the same limit.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +61,7 @@ def test_a_two_rank_ddp_job_is_registered_tuned_and_kept_within_the_host_budget(
     with open(log_path, "w") as log_file:
         ranks = subprocess.Popen(
             [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "agents.dlrm.ddp",
-             "--seconds", "150", "--stop-file", str(stop_file), "--batch-size", "256",
+             "--seconds", "240", "--stop-file", str(stop_file), "--batch-size", "256",
              "--rows", "8192", "--report", str(tmp_path)],
             env=env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -116,7 +123,15 @@ def test_a_two_rank_ddp_job_is_registered_tuned_and_kept_within_the_host_budget(
     totals = [sum(counts) for counts in zip(*stage_workers, strict=True)]
     assert totals and max(totals) <= budget, (totals, budget)
     assert metrics["slowest_rank"] in (0, 1)
+    # Each rank runs its share of the host's workers: split by the ranks' measured need
+    # (agents.budget.split_across_ranks), the chosen allocation each when they measure alike.
     reports = [json.loads((tmp_path / f"report-rank{r}.json").read_text()) for r in (0, 1)]
-    assert [r["final_allocation"] for r in reports] == [chosen, chosen], "both ranks applied it"
+    finals = [r["final_allocation"] for r in reports]
+    for name, count in chosen.items():
+        assert finals[0][name] >= 1 and finals[1][name] >= 1, finals
+        assert finals[0][name] + finals[1][name] == 2 * count, ("both ranks applied it", finals)
+    shares = metrics["rank_workers"]
+    assert sorted(shares) == ["0", "1"], shares
+    assert sum(sum(share.values()) for share in shares.values()) <= budget, (shares, budget)
     assert sum(r["hosted_agent"] for r in reports) == 1, "one agent for the host"
     assert reports[0]["steps"] == reports[1]["steps"] > 0, "DDP kept the ranks in step"
