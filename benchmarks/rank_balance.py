@@ -10,8 +10,8 @@ DDP does: a step takes one item from each rank, so the host goes at the pace of 
 The host's allocation is ``--workers`` fetch threads per rank, ``2 * --workers`` in all.
 
 Every round measures both candidates in one run, one after the other on the same two pipelines
-resized live: the even split (the allocation on each rank), then the split computed from the
-metrics each rank reported during that even phase. It prints each round's host samples/s and
+resized live, in turn first: the even split (the allocation on each rank) and the split computed
+from the metrics each rank reported during the latest even phase. It prints each round's host samples/s and
 the ratio, and the median ratio. The stages sleep rather than compute, so the figures hold on a
 shared machine.
 """
@@ -74,31 +74,46 @@ def run(light_ms: float, heavy_ms: float, workers: int, seconds: float, rounds: 
     rows = []
     try:
         lockstep(iterators, 2 * warmup)  # threads started, queues filled: not measured
-        for _ in range(rounds):
-            for pipeline in pipelines:
-                pipeline.apply(allocation)
-            lockstep(iterators, warmup)
-            for pipeline in pipelines:
-                pipeline.metrics()
-            even = lockstep(iterators, seconds)
-            needs = {rank: rank_need(p.metrics()) for rank, p in enumerate(pipelines)}
-            split = split_across_ranks(allocation, needs)
-            for rank, pipeline in enumerate(pipelines):
-                pipeline.apply(split[rank])
-            lockstep(iterators, warmup)
-            measured = lockstep(iterators, seconds)
+        split = None
+        for round_ in range(rounds):
+
+            def measure_even() -> tuple[float, dict]:
+                for pipeline in pipelines:
+                    pipeline.apply(allocation)
+                lockstep(iterators, warmup)
+                for pipeline in pipelines:
+                    pipeline.metrics()
+                rate = lockstep(iterators, seconds)
+                return rate, {rank: rank_need(p.metrics()) for rank, p in enumerate(pipelines)}
+
+            def measure_split(split: dict) -> float:
+                for rank, pipeline in enumerate(pipelines):
+                    pipeline.apply(split[rank])
+                lockstep(iterators, warmup)
+                return lockstep(iterators, seconds)
+
+            # Alternate which goes first; the split is the one measured in the latest even phase.
+            if split is None or round_ % 2 == 0:
+                even, needs = measure_even()
+                split = used = split_across_ranks(allocation, needs)
+                measured = measure_split(used)
+            else:
+                used = split
+                measured = measure_split(used)
+                even, needs = measure_even()
+                split = split_across_ranks(allocation, needs)
             rows.append(
                 {
                     "even_samples_per_s": round(even, 1),
                     "measured_samples_per_s": round(measured, 1),
                     "ratio": round(measured / even, 3),
                     "needs": {r: {k: round(v, 2) for k, v in n.items()} for r, n in needs.items()},
-                    "split": split,
+                    "split": used,
                 }
             )
             print(
                 f"even {even:8.1f} samples/s   measured {measured:8.1f} samples/s   "
-                f"ratio {measured / even:5.2f}   split {split}",
+                f"ratio {measured / even:5.2f}   split {used}",
                 flush=True,
             )
     finally:
@@ -117,8 +132,8 @@ def run(light_ms: float, heavy_ms: float, workers: int, seconds: float, rounds: 
 def main(argv: list[str] | None = None) -> dict:
     """Parse the command line, run, print the median ratio, write ``--json``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--light-ms", type=float, default=4.0, help="rank 0's fetch per item")
-    parser.add_argument("--heavy-ms", type=float, default=12.0, help="rank 1's fetch per item")
+    parser.add_argument("--light-ms", type=float, default=10.0, help="rank 0's fetch per item")
+    parser.add_argument("--heavy-ms", type=float, default=30.0, help="rank 1's fetch per item")
     parser.add_argument("--workers", type=int, default=4, help="fetch threads per rank")
     parser.add_argument("--seconds", type=float, default=3.0, help="each measurement")
     parser.add_argument("--rounds", type=int, default=5)
