@@ -13,9 +13,11 @@ object store) uses little CPU however long it waits. So the budget counts CPU sl
 - One worker of a stage takes ``worker_cpu`` slots: 1 until the stage has been measured, and 1
   when it computes. When its workers wait (one busy worker was measured to use less than half a
   CPU: ``(cpu_percent + runqueue_percent) / 100 / (workers * busy_fraction) < 0.5``), the CPU
-  one busy worker uses, at least 1/64 of a slot. ``runqueue_percent`` is the time the workers
-  were runnable but waiting for a CPU (the scheduler's run-queue delay): a worker held back by
-  other work on the host wanted that CPU, so it counts as computing, not as waiting.
+  one busy worker uses (``cpu_percent / 100 / (workers * busy_fraction)``), at least 1/64 of a
+  slot. ``runqueue_percent`` is the time the workers were runnable but waiting for a CPU (the
+  scheduler's run-queue delay): a worker held back by other work on the host wanted that CPU,
+  so it counts as computing, not as waiting. A waiting worker's own wake-ups also wait on a
+  loaded run queue; that is the load's, so its cost stays the CPU it used.
 - An allocation is per rank: every local rank's pipeline runs it (docs/architecture.md,
   "Multi-rank hosts"). It takes ``ranks * sum(workers * worker_cpu)`` slots, at most the
   host's: the ranks share the host's CPUs and memory. A stage whose workers wait has at most
@@ -127,14 +129,18 @@ def relative_cpu_per_busy_worker(
         if not cpu or cpu <= 0:
             # Even a waiting worker uses some CPU: none at all means nothing was measured.
             continue
-        value = cpu_per_busy_worker(
-            float(cpu),
-            int(stage.get("workers") or 0),
-            float(stage.get("busy_fraction") or 0.0),
-            float(stage.get("runqueue_percent") or 0.0),
+        workers = int(stage.get("workers") or 0)
+        busy = float(stage.get("busy_fraction") or 0.0)
+        wanted = cpu_per_busy_worker(
+            float(cpu), workers, busy, float(stage.get("runqueue_percent") or 0.0)
         )
-        if value is not None:
-            raw[str(stage["name"])] = value
+        if wanted is None:
+            continue
+        # A worker that was runnable at least half its busy time computes, however little of
+        # the CPU it got; one that waits costs the CPU it used. Its wake-ups wait on a loaded
+        # host's run queue too, and that wait is the load's, not a cost of the worker.
+        used = cpu_per_busy_worker(float(cpu), workers, busy)
+        raw[str(stage["name"])] = wanted if wanted >= WAITING_BELOW or used is None else used
     saturated = host_cpu_percent is not None and host_cpu_percent >= SATURATED_PERCENT
     scale = max(raw.values(), default=0.0) if saturated else 1.0
     if scale <= 0:

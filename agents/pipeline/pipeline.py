@@ -123,7 +123,8 @@ class Pipeline:
         self._metrics_at = time.monotonic()
         self._last_totals: dict[str, tuple[float, float, float]] = {}
         self._cpu_seen: dict[tuple[str, int], float] = {}
-        self._runqueue_seen: dict[tuple[str, int], float] = {}
+        # Per stage: each worker's run-queue delay at the last call, to take differences.
+        self._runqueue_seen: dict[str, dict[tuple[str, int], float]] = {}
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._ended = False
@@ -519,8 +520,9 @@ class Pipeline:
                 if seconds is not None:
                     current[("t", tid)] = seconds
         # A worker seen for the first time started with no delay; one gone takes its own along.
-        delay = sum(total - self._runqueue_seen.get(key, 0.0) for key, total in current.items())
-        self._runqueue_seen = current
+        seen = self._runqueue_seen.get(pool.stage.name, {})
+        delay = sum(total - seen.get(key, 0.0) for key, total in current.items())
+        self._runqueue_seen[pool.stage.name] = current
         return max(delay, 0.0)
 
     @staticmethod

@@ -47,8 +47,9 @@ def test_a_computing_stage_held_back_by_the_load_takes_a_whole_slot_per_worker()
     assert costs(held_back(None))["decode"] == pytest.approx(0.4), "the old reading: it waits"
     measured = costs(held_back(114.0))
     assert measured["decode"] == 1.0
-    # The stage whose threads wait on I/O still waits: 0.05 CPU per busy thread.
-    assert measured["fetch"] == pytest.approx((30.0 + 6.0) / 100 / (8 * 0.9))
+    # The stage whose threads wait on I/O still waits, and costs the CPU it used (its time on
+    # the run queue is the load's): 0.04 CPU per busy thread.
+    assert measured["fetch"] == pytest.approx(30.0 / 100 / (8 * 0.9))
 
 
 def test_the_run_queue_reading_keeps_the_host_from_being_oversubscribed():
@@ -65,3 +66,14 @@ def test_the_relative_reading_of_a_saturated_host_includes_the_run_queue():
     relative = relative_cpu_per_busy_worker(held_back(114.0), host_cpu_percent=100.0)
     assert relative["decode"] == 1.0
     assert relative["fetch"] < 0.5
+
+
+def test_a_waiting_stage_on_a_loaded_host_costs_the_cpu_it_used_not_its_wake_up_delays():
+    # 4 threads that sleep 20 ms an item, beside threads that spin, on a loaded host:
+    # they used 3% of a CPU each and were runnable 40% of their busy time (wake-ups, the GIL).
+    fetch = {"name": "fetch", "workers": 4, "busy_fraction": 0.99, "cpu_percent": 12.0,
+             "runqueue_percent": 160.0}  # fmt: skip
+    assert costs([fetch])["fetch"] == pytest.approx(0.12 / 3.96)
+    # Runnable more than half the time: it computes, held back.
+    fetch["runqueue_percent"] = 200.0
+    assert costs([fetch])["fetch"] == 1.0

@@ -130,3 +130,21 @@ def test_a_worker_that_sleeps_hardly_waits_for_a_cpu():
         row["cpu_percent"], row["workers"], row["busy_fraction"], row["runqueue_percent"]
     )
     assert wanted is not None and wanted < WAITING_BELOW, (row, wanted)
+
+
+def test_each_stage_reports_the_delay_of_its_own_workers_since_the_last_call(monkeypatch):
+    # Every thread waits for a CPU a tenth of the time, whatever the machine does.
+    monkeypatch.setattr(
+        "agents.pipeline.pipeline.thread_runqueue_seconds", lambda tid: 0.1 * time.monotonic()
+    )
+    stages = [
+        Stage("fetch", fetch, workers=2, kind="thread"),
+        Stage("parse", Work(ms=1), workers=3, kind="thread"),
+    ]
+    with Pipeline(range(10**9), stages) as pipeline:
+        _measure(pipeline, 0.5)
+        for _ in range(3):
+            time.sleep(0.3)
+            fetch_row, parse_row = pipeline.metrics()
+            assert fetch_row["runqueue_percent"] == pytest.approx(2 * 10.0, rel=0.05)
+            assert parse_row["runqueue_percent"] == pytest.approx(3 * 10.0, rel=0.05)
