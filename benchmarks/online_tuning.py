@@ -22,7 +22,12 @@ budget allows (a waiting stage may have up to 64 threads, too many to try them a
    (the area between the best and the measured curve); the allocation changes made; workers
    killed by SIGKILL (the OOM killer's signal), whether the agent survived and whether the
    tuning session ran to the end. ``--fixed-best`` adds a run of the best allocation, set by an
-   override from the start: the reference measured online, through the same system.
+   override from the start: the reference measured online, through the same system. When the
+   control plane's budget refuses the best measured allocation (a fresh host's budget counts
+   every worker at a CPU slot until the agent has measured its stages, and the sweep may try
+   more threads for a waiting stage than the budget, judged on the CPU measured, then allows),
+   the best is asked again for 30 s while the first measurements arrive; then the next best it
+   accepts is run instead, and the run says which and what was refused.
 3. ``--events`` (a real host's events, each a quarter of the run in): the pipeline's CPUs cut to
    one (the affinity of the agent and its workers shrunk: the agent notices and reports the
    smaller budget); then the CPUs back and a co-tenant process burning a CPU; then the co-tenant
@@ -54,6 +59,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import psutil
 from rich.console import Console
 from rich.progress import track
@@ -76,6 +82,9 @@ EVENTS = (  # (fraction of the run, condition from then on, what happens)
     (0.75, "low_memory", "co-tenant gone, memory budget lowered"),
 )
 FIXED = "best-fixed"  # the online reference: the best allocation measured, set and kept
+# How long the best-fixed run asks for the best allocation while the agent's first measurements
+# reach the budget, before it takes the next best (a few of the agent's 5-second batches).
+FIXED_PATIENCE_S = 30.0
 REACHED = 0.95  # "reached the best": a 3 s mean at 95% of it
 SMOOTH_S = 3
 
@@ -195,6 +204,45 @@ def exhaustive(
         pipeline.stop()
     best = max(results, key=lambda r: r["throughput"])
     return best["allocation"], best["throughput"], results
+
+
+def ranked(condition: dict) -> list[dict[str, int]]:
+    """A condition's measured allocations, best first (the best itself first on ties)."""
+    rows = sorted(condition["table"], key=lambda r: -r["throughput"])
+    best = condition["allocation"]
+    return [best] + [r["allocation"] for r in rows if r["allocation"] != best]
+
+
+def set_best_accepted(
+    put: Callable[[dict[str, int]], httpx.Response],
+    allocations: list[dict[str, int]],
+    patience_s: float = 0.0,
+    retry_s: float = 2.0,
+) -> tuple[dict[str, int], list[dict]]:
+    """Put the first of ``allocations`` (best first) that the control plane accepts as an
+    override; ``put`` sends one. Returns it and the refused ones, each with the refusal (400).
+
+    The budget counts a stage's workers at one CPU slot each until the agent has measured them
+    (``agents.budget``), so a fresh host refuses the many threads a waiting stage's best
+    allocation has; the best is asked again every ``retry_s`` for ``patience_s`` seconds, while
+    the agent's first measurements arrive, before the next best is taken."""
+    refused = []
+    deadline = time.monotonic() + patience_s
+    for index, allocation in enumerate(allocations):
+        while True:
+            response = put(allocation)
+            if response.status_code != 400:
+                response.raise_for_status()
+                return allocation, refused
+            if index > 0 or time.monotonic() + retry_s > deadline:
+                break
+            time.sleep(retry_s)
+        refused.append({"allocation": allocation, "why": response.text[:500]})
+    raise RuntimeError(
+        f"the control plane refused all {len(allocations)} allocations measured as an override "
+        f"(the first: {refused[0]['why'] if refused else 'none given'}); run without "
+        "--fixed-best, or check the host's budget"
+    )
 
 
 # ------------------------------------------------------------------------------ conditions
@@ -369,13 +417,14 @@ def online(
     fuse: str | None = None,
     events: dict | None = None,
     run: str = "run",
-    fixed: dict[str, int] | None = None,
+    fixed: list[dict[str, int]] | None = None,
 ) -> dict:
     """One tuning session with ``tuner`` on a fresh agent of the live ``stack`` (a stack of its
     own when ``None``, else ``operator_token`` is an operator's API token). ``events``
     (``{"memory_mb": ...}``) runs the host events of ``--events``. Returns the trajectory and
-    what happened. ``fixed``: no tuning, this allocation set by an operator's override instead
-    (the best measured, run the same way: the online reference)."""
+    what happened. ``fixed``: no tuning, but the first of these allocations (best measured first)
+    that the control plane accepts, set by an operator's override instead (the best measured,
+    run the same way: the online reference)."""
     if stack is None:
         with LiveStack(Path(tempfile.mkdtemp(prefix="intune-online-")), beat=True) as own:
             token = own.create_user("bench-operator", role="operator")["token"]
@@ -403,6 +452,8 @@ def online(
     if fuse:
         agent_args += ["--fuse", fuse]
     happened: list[dict] = []
+    chosen: dict[str, int] = {}
+    refused: list[dict] = []
     cotenant = CoTenant()
     shell = ControlPlaneShell(stack) if events else None
     agent = stack.start_agent(host_id, token, *agent_args, instance=instance)
@@ -415,10 +466,22 @@ def online(
                 what=f"the agent of {run} to start",
             )
             if fixed:
-                api.put(
-                    f"/api/v1/hosts/{host_id}/override/",
-                    json={"workers": fixed, "reason": "shoot-out: the best allocation measured"},
-                ).raise_for_status()
+                chosen, refused = set_best_accepted(
+                    lambda workers: api.put(
+                        f"/api/v1/hosts/{host_id}/override/",
+                        json={
+                            "workers": workers,
+                            "reason": "shoot-out: the best allocation measured",
+                        },
+                    ),
+                    fixed,
+                    patience_s=FIXED_PATIENCE_S,
+                )
+                if refused:
+                    console.print(
+                        f"[yellow]{run}: the budget refused the {len(refused)} best measured "
+                        f"allocation(s); running the next best it accepts, {chosen}"
+                    )
                 wait_until(
                     lambda: api.get(f"/api/v1/hosts/{host_id}/").json()["applied_version"] >= 2,
                     60,
@@ -486,7 +549,7 @@ def online(
     allocations = [
         d["workers"] for d in sorted(decisions, key=lambda d: d["step"]) if d.get("workers")
     ]
-    changes, current = 0, dict(fixed) if fixed else {s: 1 for s in stage_names}
+    changes, current = 0, dict(chosen) if fixed else {s: 1 for s in stage_names}
     for workers in allocations:
         if workers != current:
             changes, current = changes + 1, workers
@@ -506,6 +569,7 @@ def online(
         else None,
         "events": happened,
         "trajectory": trajectory,
+        **({"fixed_allocation": chosen, "fixed_refused": refused} if fixed else {}),
     }
 
 
@@ -717,7 +781,7 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = No
                     fuse=args.fuse,
                     events=events,
                     run=f"{name}-{round_ + 1}",
-                    fixed=reference["normal"]["allocation"] if name == FIXED else None,
+                    fixed=ranked(reference["normal"]) if name == FIXED else None,
                 )
                 result["round"] = round_ + 1
                 result["score"] = score_run(result, reference)

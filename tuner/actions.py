@@ -117,6 +117,7 @@ def encode(
     last_per_worker: dict[str, float] | None = None,
     scaling: dict[str, float] | None = None,
     worker_cpu: Mapping[str, float] | None = None,
+    usl: Mapping[str, tuple[float, float]] | None = None,
 ) -> EncodedState:
     """Features, action mask and candidate allocations for one observation.
 
@@ -125,7 +126,10 @@ def encode(
     get under the limit in a single step, stays available. ``scaling`` holds each stage's estimated
     exponent (:mod:`tuner.scaling`); predicted gains and rebalances use ``workers ** scaling``.
     ``worker_cpu`` holds the CPU slots one worker of each stage takes (:func:`measure_worker_cpu`;
-    one each when left out).
+    one each when left out). ``usl`` holds the ``(sigma, kappa)`` of the stages whose measured
+    capacity follows the Universal Scalability Law instead (:mod:`tuner.capacity`, intune's
+    online fit): their capacity is divided by ``1 + sigma (w - 1) + kappa w (w - 1)`` on top of
+    ``w ** scaling``, in the predicted gains and in the rebalances.
     """
     stages = observation.stages
     n = len(stages)
@@ -150,6 +154,13 @@ def encode(
     )
     oom = observation.throughput <= 0
     exponent = np.array([(scaling or {}).get(name, 1.0) for name in names])
+    law = [(usl or {}).get(name, (0.0, 0.0)) for name in names]
+    sigma = np.array([s for s, _ in law])
+    kappa = np.array([k for _, k in law])
+
+    def contention(w: np.ndarray) -> np.ndarray:
+        return 1.0 + sigma * (w - 1.0) + kappa * w * (w - 1.0)
+
     capacity = estimated_capacity(observation)
     if oom and last_per_worker and all(name in last_per_worker for name in names):
         capacity = np.array([last_per_worker[name] for name in names]) * workers**exponent
@@ -180,10 +191,12 @@ def encode(
     if not oom:
         # Capacity at one worker, at the current CPU share.
         per_worker = capacity / workers**exponent
+        if usl:
+            per_worker = per_worker * contention(workers)
         for t, target in enumerate(REBALANCE_TARGETS):
             wanted = {"same": slots, "cpus": min(budget, int(cpus)), "budget": budget}[target]
             wanted = min(max(wanted, float(cost.sum())), budget)
-            new = list(water_fill(per_worker, caps, wanted, mem_upper, limit, exponent, cost))
+            new = list(water_fill(per_worker, caps, wanted, mem_upper, limit, exponent, cost, law))
             label = f"rebalance {sum(new)} workers ({target})"
             candidates.append((1 + t, new, label, (-1, 10 + t), (-1, 13 + t)))
     for j, stage in enumerate(stages):
@@ -240,6 +253,8 @@ def encode(
             (1.0 - cost)[None, :] + cost[None, :] / share_new[:, None]
         )
         new_capacity = capacity * (matrix / workers) ** exponent * factor
+        if usl:
+            new_capacity = new_capacity * contention(workers) / contention(matrix)
         # Scaled to about -1..1; a 20x gain is as good as it gets in one step.
         gains = np.clip(np.log(new_capacity.min(axis=1) / bottleneck), -3.0, 3.0) / GAIN_SCALE
         seen: set[tuple[int, ...]] = {tuple(base)}

@@ -21,14 +21,18 @@ def water_fill(
     memory_limit: float = float("inf"),
     scaling: Sequence[float] | None = None,
     worker_cpu: Sequence[float] | None = None,
+    usl: Sequence[tuple[float, float]] | None = None,
 ) -> tuple[int, ...]:
     """Spread ``total`` CPU slots (at least one worker per stage, within caps and memory) over
     the stages, max-min fairly.
 
     ``per_worker`` is each stage's capacity at one worker; with ``scaling`` a stage with ``w``
     workers has ``per_worker * w ** scaling``. A worker takes ``worker_cpu`` slots (one each by
-    default, :mod:`agents.budget`). Stops early once the slowest stage cannot grow (its cap, the
-    slots or the memory limit): more workers elsewhere would cost CPU and memory for nothing.
+    default, :mod:`agents.budget`). With ``usl`` (each stage's ``(sigma, kappa)``, from
+    :mod:`tuner.capacity`) capacity is further divided by ``1 + sigma (w - 1) + kappa w (w - 1)``,
+    and a stage past its peak cannot grow. Stops early once the slowest stage cannot grow (its
+    cap, its peak, the slots or the memory limit): more workers elsewhere would cost CPU and
+    memory for nothing.
     """
     n = len(per_worker)
     workers = [1] * n
@@ -36,6 +40,14 @@ def water_fill(
     cost = [1.0] * n if worker_cpu is None else [float(c) for c in worker_cpu]
     used = float(memory.sum())
     exponent = [1.0] * n if scaling is None else list(scaling)
+    law = [(0.0, 0.0)] * n if usl is None else list(usl)
+
+    def capacity(i: int, w: int) -> float:
+        sigma, kappa = law[i]
+        if not (sigma or kappa):
+            return per_worker[i] * w ** exponent[i]
+        return per_worker[i] * w ** exponent[i] / (1.0 + sigma * (w - 1) + kappa * w * (w - 1))
+
     heap = [(per_worker[i], i) for i in range(n)]
     heapq.heapify(heap)
     remaining = total - sum(cost)
@@ -43,8 +55,10 @@ def water_fill(
         _, i = heapq.heappop(heap)
         if workers[i] >= caps[i] or used + memory[i] > memory_limit or cost[i] > remaining + 1e-9:
             break
+        if any(law[i]) and capacity(i, workers[i] + 1) <= capacity(i, workers[i]):
+            break  # past its peak: another worker makes the slowest stage slower
         workers[i] += 1
         used += memory[i]
         remaining -= cost[i]
-        heapq.heappush(heap, (per_worker[i] * workers[i] ** exponent[i], i))
+        heapq.heappush(heap, (capacity(i, workers[i]), i))
     return tuple(workers)

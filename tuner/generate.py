@@ -7,6 +7,13 @@ host loses half its CPUs mid-run), ``memory_loss`` (the memory limit shrinks mid
 (one or two stages whose workers mostly wait, such as a GET from an object store: latency-bound,
 little CPU each, so they want more workers than the host has CPUs). Any kind may also carry traits
 of the others at random, as real pipelines do.
+
+Kinds where the tuners' capacity model is wrong (issue 15, :func:`model_wrong_scenario`):
+``usl`` (stages that follow the Universal Scalability Law, some past a peak), ``bandwidth``
+(stages that share the host's memory bandwidth), ``wait_growth`` (a waiting stage whose wait grows
+with its workers) and ``consumer_change`` (the trainer's rate changes mid-run, on top of one of the
+others). ``tuner/suites/model_wrong.json`` (seed 2027) may be used in pretraining;
+``tuner/suites/model_wrong_holdout.json`` (seed 2028, other shapes) is kept out of it.
 """
 
 from __future__ import annotations
@@ -118,6 +125,103 @@ def random_scenario(
     )
 
 
+MODEL_WRONG_KINDS = ("usl", "bandwidth", "wait_growth", "consumer_change")
+
+
+def _model_wrong_stages(
+    rng: np.random.Generator, kind: str, stages: tuple[StageSpec, ...], cpus: float
+) -> tuple[tuple[StageSpec, ...], float | None]:
+    n = len(stages)
+    new = list(stages)
+    bandwidth = None
+    slowest = int(np.argmax([s.us_per_sample for s in stages]))
+    if kind == "usl":
+        picked = set(rng.choice(n, size=int(rng.integers(1, min(3, n) + 1)), replace=False))
+        if rng.random() < 0.7:
+            picked.add(slowest)  # the law matters most where the bottleneck would be
+        for i in sorted(int(i) for i in picked):
+            new[i] = replace(
+                new[i],
+                scaling=1.0,
+                serial_fraction=round(float(rng.uniform(0.02, 0.15)), 3),
+                coherency=round(float(_log_uniform(rng, 0.003, 0.03)), 4),
+            )
+    elif kind == "bandwidth":
+        bound = np.where(rng.random(n) < 0.7, rng.uniform(0.3, 0.9, n), 0.0)
+        bound[slowest] = max(bound[slowest], float(rng.uniform(0.3, 0.9)))
+        new = [replace(s, memory_bound=round(float(b), 3)) for s, b in zip(new, bound, strict=True)]
+        bandwidth = round(max(1.0, cpus * float(rng.uniform(0.2, 0.5))), 1)
+    elif kind == "wait_growth":
+        for i in sorted({0, slowest} if rng.random() < 0.5 else {0}):
+            us = new[i].us_per_sample
+            new[i] = replace(
+                new[i],
+                max_workers=None,
+                wait_us_per_sample=round(us * float(_log_uniform(rng, 5, 50)), 3),
+                wait_growth=round(float(rng.uniform(0.05, 0.4)), 3),
+            )
+    return tuple(new), bandwidth
+
+
+def model_wrong_scenario(
+    rng: np.random.Generator,
+    name: str,
+    kind: str | None = None,
+    stages: tuple[int, int] = (2, 10),
+    cpus: tuple[int, int] = (4, 64),
+    us_per_sample: tuple[float, float] = (1.0, 60.0),
+    steps: int = 150,
+) -> Scenario:
+    """One random scenario of a kind where the capacity model is wrong (random when None)."""
+    kind = kind or str(rng.choice(MODEL_WRONG_KINDS))
+    base = random_scenario(rng, name, "plain", stages, cpus, us_per_sample, steps, kinds=("plain",))
+    trait = str(rng.choice(MODEL_WRONG_KINDS[:3])) if kind == "consumer_change" else kind
+    specs, bandwidth = _model_wrong_stages(rng, trait, base.stages, base.cpus)
+    wide = replace(base, stages=specs, memory_bandwidth=bandwidth, memory_gb=1e6, events=(),
+                   consumer_samples_per_s=None)  # fmt: skip
+    best = optimum(wide, wide.host_at(0))
+    limit = max(
+        memory_mb(wide, best.allocation) * rng.uniform(1.3, 4.0),
+        memory_mb(wide, [1] * len(specs)) * 3,
+    )
+    consumer, events = None, []
+    if kind == "consumer_change":
+        # The trainer binds first, then speeds up past what the pipeline can give (or the
+        # other way round): the pipeline must grow, or may shrink, mid-run.
+        low = best.throughput * float(rng.uniform(0.3, 0.6))
+        high = best.throughput * float(rng.uniform(1.5, 3.0))
+        first, then = (low, high) if rng.random() < 0.7 else (high, low)
+        consumer = round(first, 1)
+        at = int(rng.integers(steps // 4, steps // 2))
+        events.append(Event(at, consumer_samples_per_s=round(then, 1)))
+    return replace(
+        wide,
+        memory_gb=round(limit / 1024, 4),
+        consumer_samples_per_s=consumer,
+        noise=round(float(rng.uniform(0.005, 0.03)), 3),
+        events=tuple(events),
+    )
+
+
+def model_wrong_suite(seed: int = 2027, count: int = 12, holdout: bool = False) -> list[Scenario]:
+    """Model-is-wrong scenarios, every kind in turn: the pretraining suite (seed 2027, 2..10
+    stages, 4..64 CPUs) or, with ``holdout``, the held-out one's shapes (3..12 stages, 8..96
+    CPUs, costlier stages; seed 2028 in the committed file)."""
+    rng = np.random.default_rng(seed)
+    shapes = (
+        {"stages": (3, 12), "cpus": (8, 96), "us_per_sample": (2.0, 80.0)}
+        if holdout
+        else {"stages": (2, 10), "cpus": (4, 64), "us_per_sample": (1.0, 60.0)}
+    )
+    prefix = "mw-holdout" if holdout else "mw"
+    return [
+        model_wrong_scenario(
+            rng, f"{prefix}-{i:02d}-{MODEL_WRONG_KINDS[i % 4]}", MODEL_WRONG_KINDS[i % 4], **shapes
+        )
+        for i in range(count)
+    ]
+
+
 def holdout_suite(seed: int = 2026, count: int = 10) -> list[Scenario]:
     """Scenarios unlike pretraining's draws: another seed, 3..12 stages, 4..96 CPUs, costlier
     stages; every kind appears."""
@@ -140,8 +244,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="where to write the version-1 suite")
     parser.add_argument("--seed", type=int, default=2026, help="generator seed (default 2026)")
     parser.add_argument("--count", type=int, default=10, help="number of scenarios")
+    parser.add_argument(
+        "--model-wrong",
+        choices=("train", "holdout"),
+        help="write a model-is-wrong suite instead (tuner/suites/model_wrong.json: train, seed "
+        "2027, count 12; model_wrong_holdout.json: holdout, seed 2028, count 12)",
+    )
     args = parser.parse_args(argv)
-    save_suite(holdout_suite(args.seed, args.count), args.out)
+    if args.model_wrong:
+        suite = model_wrong_suite(args.seed, args.count, holdout=args.model_wrong == "holdout")
+    else:
+        suite = holdout_suite(args.seed, args.count)
+    save_suite(suite, args.out)
     print(f"wrote {args.count} scenarios to {args.out}")
 
 

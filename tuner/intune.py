@@ -21,6 +21,7 @@ import torch.nn.functional as functional
 
 from agents.budget import WorkerCpuMeter
 from tuner.actions import EncodedState, encode, estimated_capacity, measure_worker_cpu
+from tuner.capacity import CapacityFit
 from tuner.memory import MemoryEstimator
 from tuner.observation import Decision, Observation
 from tuner.qnetwork import QNetwork
@@ -82,6 +83,9 @@ class IntuneConfig:
     change_cost: float = 0.015
     """Reward cost of a decision that changes the allocation (a resize stalls the pipeline;
     chasing differences smaller than the measurement noise only dithers)."""
+    capacity_fit: bool = True
+    """Fit each stage's capacity curve online (:mod:`tuner.capacity`) and use it where the
+    measurements contradict the prior's power law (``prior`` never does: it is learning)."""
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
@@ -143,6 +147,7 @@ class IntuneTuner:
         """Forget the current pipeline (a new twin while pretraining); keep what was learnt."""
         self.memory = MemoryEstimator()
         self.scaling = ScalingEstimator()
+        self.capacity = CapacityFit()
         self.worker_cpu = WorkerCpuMeter()
         self.previous: tuple[EncodedState, int] | None = None
         self.last_good_throughput: float | None = None
@@ -190,7 +195,15 @@ class IntuneTuner:
         self.scaling.update(observation)
         exponents = {s.name: self.scaling.scaling(s.name) for s in observation.stages}
         worker_cpu = measure_worker_cpu(self.worker_cpu, observation)
-        state = encode(observation, self.memory, self.per_worker_capacity, exponents, worker_cpu)
+        usl = None
+        if self.uses_capacity_fit:
+            self.capacity.update(observation, worker_cpu)
+            usl = self.capacity.usl()
+            # A stage the law describes is fitted whole: its power-law exponent is dropped.
+            exponents.update({name: 1.0 for name in usl})
+        state = encode(
+            observation, self.memory, self.per_worker_capacity, exponents, worker_cpu, usl
+        )
         reward = None
         if self.previous is not None:
             reward = self.reward(observation)
@@ -226,6 +239,11 @@ class IntuneTuner:
                 "learn_steps": self.learn_steps,
             },
         )
+
+    @property
+    def uses_capacity_fit(self) -> bool:
+        """Whether decisions use the online capacity fit (:mod:`tuner.capacity`)."""
+        return self.config.capacity_fit
 
     # Learning -----------------------------------------------------------------------------
 
@@ -314,6 +332,7 @@ class IntuneTuner:
             "replay": replay,
             "memory": self.memory.state_dict(),
             "scaling": self.scaling.state_dict(),
+            "capacity": self.capacity.state_dict(),
             "worker_cpu": self.worker_cpu.state_dict(),
             "previous": previous,
             "last_good_throughput": self.last_good_throughput,
@@ -342,6 +361,9 @@ class IntuneTuner:
         self.memory.load_state_dict(state["memory"])
         self.scaling = ScalingEstimator()
         self.scaling.load_state_dict(state["scaling"])
+        self.capacity = CapacityFit()
+        if "capacity" in state:  # checkpoints from before the capacity fit
+            self.capacity.load_state_dict(state["capacity"])
         self.worker_cpu = WorkerCpuMeter()
         if "worker_cpu" in state:  # checkpoints from before waiting stages were measured
             self.worker_cpu.load_state_dict(state["worker_cpu"])

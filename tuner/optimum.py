@@ -8,6 +8,10 @@ iterate (its share is no larger), so the fixed point is below it stage by stage:
 more CPU slots and no more memory. ``t`` is thus reachable within the budget exactly when
 ``need(t)`` fits, which is monotone in ``t``; a bisection on ``t``, snapped at each step to the
 throughput ``need(t)`` really reaches, finds the best.
+
+The model-is-wrong terms keep this exact: the bandwidth slowdown, like the share, only worsens as
+workers grow, and a stage whose rate peaks (coherency) has its fewest workers for ``t`` before
+the peak, found by a search over its workers.
 """
 
 from __future__ import annotations
@@ -17,8 +21,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from agents.budget import HostBudget, allocation_cpu_slots, most_workers
-from tuner.model import check_allocation, cpu_share, out_of_memory, stage_budgets, throughput
+from tuner.model import (
+    bandwidth_slowdown,
+    check_allocation,
+    cpu_share,
+    out_of_memory,
+    scaling_factor,
+    stage_budgets,
+    throughput,
+)
 from tuner.scenario import HostState, Scenario, StageSpec
 
 # Relative width at which the bisection stops; far below any noise the twin adds.
@@ -40,9 +54,24 @@ def _uppers(scenario: Scenario, host: HostState) -> list[int]:
     return [most_workers(stage, stages, budget) for stage in stages]
 
 
-def _need(stage: StageSpec, level: float, share: float, upper: int) -> int | None:
-    """Fewest workers giving ``stage`` a rate of at least ``level`` at ``share``, or None above
-    ``upper``."""
+def _rates(stage: StageSpec, share: float, slowdown: float, upper: int):
+    """The rate of ``stage`` at 1..``upper`` workers, at ``share`` and ``slowdown``."""
+    w = np.arange(1, upper + 1, dtype=float)
+    us = stage.us_per_sample * (1.0 - stage.memory_bound + stage.memory_bound * slowdown)
+    wait = stage.wait_us_per_sample * (1.0 + stage.wait_growth * (w - 1.0))
+    return scaling_factor(stage, w) * 1e6 / (wait + us / share)
+
+
+def _need(
+    stage: StageSpec, level: float, share: float, upper: int, slowdown: float = 1.0
+) -> int | None:
+    """Fewest workers giving ``stage`` a rate of at least ``level`` at ``share`` (and the
+    bandwidth ``slowdown``), or None above ``upper``."""
+    if stage.model_wrong:
+        # No closed form: the rate may peak (coherency) and the wait grows; search the workers.
+        # The fewest that reach ``level`` lie before the peak, where the rate grows with them.
+        reached = np.flatnonzero(_rates(stage, share, slowdown, upper) >= level * (1 - 1e-12))
+        return int(reached[0]) + 1 if reached.size else None
     per_sample = stage.wait_us_per_sample + stage.us_per_sample / share
     target = level * per_sample / 1e6  # workers ** scaling must reach this
 
@@ -69,10 +98,13 @@ def _least(
 ) -> tuple[int, ...] | None:
     """The smallest allocation whose every stage reaches ``level``, or None when it breaks a
     bound or does not ``fit`` (CPU slots, memory): the iterates only grow, so none would."""
-    share = 1.0
+    share, slowdown = 1.0, 1.0
     allocation: tuple[int, ...] | None = None
     while True:
-        needs = [_need(s, level, share, u) for s, u in zip(scenario.stages, uppers, strict=True)]
+        needs = [
+            _need(s, level, share, u, slowdown)
+            for s, u in zip(scenario.stages, uppers, strict=True)
+        ]
         if any(n is None for n in needs):
             return None
         current = tuple(int(n) for n in needs if n is not None)
@@ -82,6 +114,7 @@ def _least(
             return current
         allocation = current
         share = cpu_share(scenario, host, allocation)
+        slowdown = bandwidth_slowdown(scenario, allocation)
         if share <= 0:
             return None
 
@@ -106,11 +139,13 @@ def optimum(scenario: Scenario, host: HostState) -> Optimum:
         return best
     best = Optimum(low, ones)
     high = min(
-        u**s.scaling * 1e6 / (s.wait_us_per_sample + s.us_per_sample)
+        float(_rates(s, 1.0, 1.0, u).max())
+        if s.model_wrong
+        else u**s.scaling * 1e6 / (s.wait_us_per_sample + s.us_per_sample)
         for s, u in zip(scenario.stages, uppers, strict=True)
     )
-    if scenario.consumer_samples_per_s is not None:
-        high = min(high, scenario.consumer_samples_per_s)
+    if host.consumer_samples_per_s is not None:
+        high = min(high, host.consumer_samples_per_s)
     # Probe the top first: a consumer-bound scenario reaches it.
     probe = high
     while high > low * (1 + _PRECISION):

@@ -7,6 +7,10 @@ allocation, so the policy also learns to recover from bad starts and events. The
 made before the ``io_bound`` kind existed (the features did not change: a stage's first feature,
 its CPU slots per worker, was 1 for every stage then); rerunning the command with the same seed
 and steps now draws other twins and makes a policy that has also seen waiting stages.
+
+``--suite tuner/suites/model_wrong.json`` mixes a suite's scenarios into the draws (a share
+``--suite-fraction`` of the episodes, 0.3 by default): the model-is-wrong twins of issue 15.
+Their held-out twins (``model_wrong_holdout.json``) must never be given here.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from tuner.generate import random_scenario
 from tuner.intune import IntuneConfig, IntuneTuner
 from tuner.model import stage_budgets
 from tuner.optimum import optimum
+from tuner.scenario import Scenario, load_suite
 from tuner.twin import PipelineTwin
 
 log = logging.getLogger("tuner.pretrain")
@@ -49,8 +54,12 @@ def pretrain(
     episode_steps: int = 80,
     max_minutes: float | None = None,
     progress: bool = True,
+    suite: list[Scenario] | None = None,
+    suite_fraction: float = 0.3,
 ) -> tuple[IntuneTuner, dict]:
-    """Train a fresh InTune tuner for ``steps`` decisions; return it and a summary."""
+    """Train a fresh InTune tuner for ``steps`` decisions; return it and a summary. With
+    ``suite``, a share ``suite_fraction`` of the episodes runs one of its scenarios instead of
+    a random twin."""
     rng = np.random.default_rng(seed)
     config = IntuneConfig(exploration_steps=int(0.4 * steps))
     tuner = IntuneTuner(None, config, seed=seed, mode="pretrain")
@@ -65,7 +74,10 @@ def pretrain(
                 "stopping at %d steps: the %.1f-minute limit", tuner.global_step, max_minutes
             )
             break
-        scenario = random_scenario(rng, f"train-{episodes}", steps=episode_steps)
+        if suite and rng.random() < suite_fraction:
+            scenario = suite[int(rng.integers(len(suite)))]
+        else:
+            scenario = random_scenario(rng, f"train-{episodes}", steps=episode_steps)
         twin = PipelineTwin(scenario, seed=int(rng.integers(2**31)))
         if rng.random() < 0.5:
             twin = PipelineTwin(scenario, twin.rng.integers(2**31), _random_start(rng, twin))
@@ -99,6 +111,8 @@ def pretrain(
         "stopped_early": stopped_early,
         "final_vs_optimum_last_50_episodes": round(float(np.mean(ratios[-50:])), 4),
         "torch": str(torch.__version__),
+        "suite_scenarios": [s.name for s in suite] if suite else [],
+        "suite_fraction": suite_fraction if suite else 0.0,
     }
     return tuner, summary
 
@@ -134,11 +148,21 @@ def main(argv: list[str] | None = None) -> None:
         help="stop early after this long, whatever --steps says (9.5; 0 = no limit)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--suite", help="also train on this suite's scenarios (e.g. tuner/suites/model_wrong.json)"
+    )
+    parser.add_argument(
+        "--suite-fraction", type=float, default=0.3, help="share of episodes from --suite (0.3)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    suite = load_suite(args.suite) if args.suite else None
+    if args.suite and "holdout" in Path(args.suite).name:
+        parser.error(f"{args.suite} is a held-out suite: pretraining must never see it")
     tuner, summary = pretrain(
-        args.steps, args.seed, args.episode_steps, args.max_minutes or None, not args.quiet
-    )
+        args.steps, args.seed, args.episode_steps, args.max_minutes or None, not args.quiet,
+        suite, args.suite_fraction,
+    )  # fmt: skip
     save_policy(tuner, summary, args.out)
     size = Path(args.out).stat().st_size
     log.info("wrote %s (%.0f kB): %s", args.out, size / 1024, summary)

@@ -5,7 +5,8 @@ InTune's Q-value of an action is ``V + scale * gain(a) + residual(a) - change_co
 capacity (:mod:`tuner.actions`), ``V`` and ``residual`` are what the network learnt. ``prior``
 keeps the same features, action space, masks, estimators (memory, scaling, CPU per worker) and
 change cost, and sets ``V`` and ``residual`` to zero: the network's last layers are zero and never
-trained. It thus chooses the action with the largest ``scale * gain(a) - change_cost``, or holds;
+trained; nor does it use intune's online capacity fit (:mod:`tuner.capacity`), learning too. It
+thus chooses the action with the largest ``scale * gain(a) - change_cost``, or holds;
 exactly what the model-based part of intune decides, and nothing the network learnt, before or
 online.
 """
@@ -37,6 +38,11 @@ class PriorTuner(IntuneTuner):
         super().__init__(stage_names, config, seed=seed, mode="online")
         zero_residual(self.q_network)
         zero_residual(self.target_network)
+
+    @property
+    def uses_capacity_fit(self) -> bool:
+        """Never: fitting the capacity curves online is learning."""
+        return False
 
     def _maybe_learn(self) -> None:
         """Never learns: the network stays at zero residual."""

@@ -5,6 +5,21 @@ are ignored on load so that newer writers stay readable. Optional extensions:
 ``host.worker_budget``, the host's CPU slots (default :func:`agents.budget.cpu_slots`, as the
 agent's), and a stage's ``wait_us_per_sample``, the time a worker waits per sample without using
 a CPU (default 0: the stage computes).
+
+Keys where the tuners' capacity model is wrong (issue 15; every one defaults to off, so files
+without them behave as before):
+
+- a stage's ``serial_fraction`` and ``coherency``: the Universal Scalability Law's contention and
+  coherency terms, ``w / (1 + serial_fraction (w - 1) + coherency w (w - 1))``: capacity grows
+  sublinearly and, with coherency, falls past a peak (workers that spend more time agreeing with
+  each other than working);
+- the host's ``memory_bandwidth`` (in workers that run at full speed) with a stage's
+  ``memory_bound`` (the fraction of its CPU time that streams memory): once the workers of all
+  stages ask for more bandwidth than there is, every memory-bound stage slows, so one stage's
+  workers cost the others capacity;
+- a stage's ``wait_growth``: its wait per sample grows by this fraction per extra worker (a remote
+  service that queues under concurrency), so workers of a waiting stage add less and less;
+- an event's ``consumer_samples_per_s``: the trainer's rate changes mid-run.
 """
 
 from __future__ import annotations
@@ -38,6 +53,15 @@ class StageSpec:
     scaling: float = 1.0
     memory_mb_per_worker: float = 0.0
     wait_us_per_sample: float = 0.0
+    serial_fraction: float = 0.0
+    coherency: float = 0.0
+    memory_bound: float = 0.0
+    wait_growth: float = 0.0
+
+    @property
+    def model_wrong(self) -> bool:
+        """Whether the stage has a trait the tuners' capacity model does not describe."""
+        return bool(self.serial_fraction or self.coherency or self.memory_bound or self.wait_growth)
 
 
 @dataclass(frozen=True)
@@ -48,6 +72,7 @@ class Event:
     cpus: float | None = None
     background_cpus: float | None = None
     memory_gb: float | None = None
+    consumer_samples_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +83,7 @@ class HostState:
     background_cpus: float
     memory_gb: float
     worker_budget: int  # CPU slots (agents.budget)
+    consumer_samples_per_s: float | None = None  # the trainer's rate now (None: unbounded)
 
     @property
     def effective_cpus(self) -> float:
@@ -82,6 +108,7 @@ class Scenario:
     noise: float = 0.0
     events: tuple[Event, ...] = field(default_factory=tuple)
     worker_budget: int | None = None
+    memory_bandwidth: float | None = None
 
     @property
     def stage_names(self) -> list[str]:
@@ -91,6 +118,7 @@ class Scenario:
     def host_at(self, step: int) -> HostState:
         """The host at ``step``: the initial host with every event up to ``step`` applied."""
         cpus, background, memory_gb = self.cpus, 0.0, self.memory_gb
+        consumer = self.consumer_samples_per_s
         budget = self.worker_budget
         for event in sorted(self.events, key=lambda e: e.at_step):
             if event.at_step > step:
@@ -98,9 +126,11 @@ class Scenario:
             cpus = event.cpus if event.cpus is not None else cpus
             background = event.background_cpus if event.background_cpus is not None else background
             memory_gb = event.memory_gb if event.memory_gb is not None else memory_gb
+            if event.consumer_samples_per_s is not None:
+                consumer = event.consumer_samples_per_s
         if budget is None:
             budget = cpu_slots(cpus, len(self.stages))
-        return HostState(cpus, background, memory_gb, max(budget, len(self.stages)))
+        return HostState(cpus, background, memory_gb, max(budget, len(self.stages)), consumer)
 
     def event_steps(self) -> list[int]:
         """The distinct steps at which events happen, ascending."""
@@ -125,6 +155,13 @@ def _wait(stage: dict, where: str) -> float:
     if wait < 0:
         raise ScenarioError(f"{where}: 'wait_us_per_sample' must be 0 or more, got {wait}")
     return wait
+
+
+def _fraction(raw: dict, key: str, where: str, high: float = 1.0) -> float:
+    value = float(_number(raw, key, where, default=0.0, positive=False))
+    if not 0 <= value <= high:
+        raise ScenarioError(f"{where}: '{key}' must be from 0 to {high}, got {value}")
+    return value
 
 
 def scenario_from_dict(raw: dict) -> Scenario:
@@ -157,6 +194,11 @@ def scenario_from_dict(raw: dict) -> Scenario:
                     _number(stage, "memory_mb_per_worker", stage_where, default=0.0, positive=False)
                 ),
                 wait_us_per_sample=_wait(stage, stage_where),
+                serial_fraction=_fraction(stage, "serial_fraction", stage_where),
+                coherency=_fraction(stage, "coherency", stage_where),
+                memory_bound=_fraction(stage, "memory_bound", stage_where),
+                # Up to 1: above it a waiting stage's CPU demand would fall as workers are added.
+                wait_growth=_fraction(stage, "wait_growth", stage_where),
             )
         )
     names = [stage.name for stage in stages]
@@ -176,6 +218,9 @@ def scenario_from_dict(raw: dict) -> Scenario:
                     event, "background_cpus", event_where, default=None, positive=False
                 ),
                 memory_gb=_number(event, "memory_gb", event_where, default=None),
+                consumer_samples_per_s=_number(
+                    event, "consumer_samples_per_s", event_where, default=None
+                ),
             )
         )
     consumer = raw.get("consumer_samples_per_s")
@@ -186,6 +231,9 @@ def scenario_from_dict(raw: dict) -> Scenario:
         raise ScenarioError(
             f"{where}: 'host.worker_budget' must be an integer >= the {len(stages)} stages"
         )
+    bandwidth = host.get("memory_bandwidth")
+    if bandwidth is not None:
+        bandwidth = float(_number(host, "memory_bandwidth", where))
     return Scenario(
         name=name,
         cpus=float(_number(host, "cpus", where)),
@@ -195,6 +243,7 @@ def scenario_from_dict(raw: dict) -> Scenario:
         noise=float(_number(raw, "noise", where, default=0.0, positive=False)),
         events=tuple(events),
         worker_budget=budget,
+        memory_bandwidth=bandwidth,
     )
 
 
@@ -203,10 +252,12 @@ def scenario_to_dict(scenario: Scenario) -> dict:
     host: dict[str, Any] = {"cpus": scenario.cpus, "memory_gb": scenario.memory_gb}
     if scenario.worker_budget is not None:
         host["worker_budget"] = scenario.worker_budget
+    if scenario.memory_bandwidth is not None:
+        host["memory_bandwidth"] = scenario.memory_bandwidth
     events = []
     for event in scenario.events:
         entry: dict[str, Any] = {"at_step": event.at_step}
-        for key in ("cpus", "background_cpus", "memory_gb"):
+        for key in ("cpus", "background_cpus", "memory_gb", "consumer_samples_per_s"):
             if getattr(event, key) is not None:
                 entry[key] = getattr(event, key)
         events.append(entry)
@@ -230,6 +281,9 @@ def _stage_to_dict(stage: StageSpec) -> dict[str, Any]:
     }
     if stage.wait_us_per_sample:  # written only when set, so compute-only files stay as they were
         entry["wait_us_per_sample"] = stage.wait_us_per_sample
+    for key in ("serial_fraction", "coherency", "memory_bound", "wait_growth"):
+        if getattr(stage, key):  # likewise: written only when set
+            entry[key] = getattr(stage, key)
     return entry
 
 

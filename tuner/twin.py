@@ -20,6 +20,7 @@ from tuner.model import (
     memory_mb,
     out_of_memory,
     stage_rates,
+    stage_times,
     throughput,
 )
 from tuner.observation import HostObservation, Observation, StageObservation
@@ -103,15 +104,16 @@ class PipelineTwin:
         scenario = self.scenario
         rates = stage_rates(scenario, host, allocation)
         true_throughput = 0.0 if oom else throughput(scenario, host, allocation)
-        consumer = scenario.consumer_samples_per_s
+        consumer = host.consumer_samples_per_s
         share = cpu_share(scenario, host, allocation)
+        us_now, wait_now = stage_times(scenario, allocation)
         stages = []
         pipeline_cores = 0.0
         for index, (stage, workers) in enumerate(zip(scenario.stages, allocation, strict=False)):
             busy = 0.0 if oom else min(1.0, true_throughput / rates[index])
             # A busy worker runs us / share of the wait + us / share it takes per sample, at
             # ``share`` of a CPU: what the agent's CPU counters see.
-            us, wait = stage.us_per_sample, stage.wait_us_per_sample
+            us, wait = float(us_now[index]), float(wait_now[index])
             cores = workers * busy * share * us / (share * wait + us) if share > 0 else 0.0
             pipeline_cores += cores
             upstream = float(rates[: index + 1].min())

@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from benchmarks.online_tuning import area_below, score, score_run
+from benchmarks.online_tuning import area_below, ranked, score, score_run, set_best_accepted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,3 +99,94 @@ def test_events_are_scored_against_each_condition_best():
     assert figures["event_final_of_best"]["one_cpu"] == pytest.approx(0.8)
     assert figures["recovery_seconds"]["one_cpu"] is None  # 40 never reaches 95% of 50
     assert figures["samples_lost"] == pytest.approx(4 * 10)
+
+
+def _budget_client(most_fetch: int) -> httpx.Client:
+    """A control plane whose budget refuses more than ``most_fetch`` fetch threads (a 400, as
+    the override API answers), and fails on any allocation with 5 decoders."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        workers = json.loads(request.content)["workers"]
+        if workers.get("decode") == 5:
+            return httpx.Response(500, text="boom")
+        if workers["fetch"] > most_fetch:
+            return httpx.Response(400, json={"workers": [f"fetch: at most {most_fetch}"]})
+        return httpx.Response(200, json={"workers": workers})
+
+    return httpx.Client(transport=httpx.MockTransport(handler), base_url="http://plane")
+
+
+REFERENCE = {
+    "allocation": {"fetch": 48, "decode": 1},
+    "throughput": 900.0,
+    "table": [
+        {"allocation": {"fetch": 8, "decode": 2}, "throughput": 700.0},
+        {"allocation": {"fetch": 48, "decode": 1}, "throughput": 900.0},
+        {"allocation": {"fetch": 16, "decode": 1}, "throughput": 800.0},
+        {"allocation": {"fetch": 2, "decode": 1}, "throughput": 300.0},
+    ],
+}
+
+
+def test_fixed_best_runs_the_next_best_allocation_the_budget_accepts():
+    assert ranked(REFERENCE)[:3] == [
+        {"fetch": 48, "decode": 1}, {"fetch": 16, "decode": 1}, {"fetch": 8, "decode": 2}
+    ]  # fmt: skip
+    with _budget_client(most_fetch=12) as api:
+        chosen, refused = set_best_accepted(
+            lambda w: api.put("/override/", json={"workers": w}), ranked(REFERENCE)
+        )
+    assert chosen == {"fetch": 8, "decode": 2}
+    assert [r["allocation"]["fetch"] for r in refused] == [48, 16]
+    assert "at most 12" in refused[0]["why"]
+    with _budget_client(most_fetch=64) as api:  # the best itself when it is accepted
+        chosen, refused = set_best_accepted(
+            lambda w: api.put("/override/", json={"workers": w}), ranked(REFERENCE)
+        )
+    assert chosen == {"fetch": 48, "decode": 1} and refused == []
+
+
+def test_fixed_best_says_what_to_do_when_the_budget_refuses_everything():
+    with _budget_client(most_fetch=1) as api, pytest.raises(RuntimeError, match="--fixed-best"):
+        set_best_accepted(lambda w: api.put("/override/", json={"workers": w}), ranked(REFERENCE))
+    with _budget_client(most_fetch=64) as api, pytest.raises(httpx.HTTPStatusError):
+        set_best_accepted(  # other errors are not refusals: they stop the run
+            lambda w: api.put("/override/", json={"workers": w}), [{"fetch": 1, "decode": 5}]
+        )
+
+
+def _fresh_host(measured_after: int) -> tuple[httpx.Client, list[dict]]:
+    """A control plane whose budget counts every worker at a CPU slot (at most 2 fetch threads)
+    until the agent's measurements arrive, at the ``measured_after``-th request; then it accepts
+    anything. Returns the client and the allocations asked, in order."""
+    asked: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        workers = json.loads(request.content)["workers"]
+        asked.append(workers)
+        if len(asked) < measured_after and workers["fetch"] > 2:
+            return httpx.Response(400, json={"workers": ["fetch: at most 2 until measured"]})
+        return httpx.Response(200, json={"workers": workers})
+
+    return httpx.Client(transport=httpx.MockTransport(handler), base_url="http://plane"), asked
+
+
+def test_fixed_best_asks_again_while_the_agents_first_measurements_reach_the_budget():
+    api, asked = _fresh_host(measured_after=3)
+    with api:
+        chosen, refused = set_best_accepted(
+            lambda w: api.put("/override/", json={"workers": w}),
+            ranked(REFERENCE),
+            patience_s=1.0,
+            retry_s=0.05,
+        )
+    assert chosen == {"fetch": 48, "decode": 1} and refused == []
+    assert asked == [{"fetch": 48, "decode": 1}] * 3
+    # Without patience the same control plane gives the best's place to the next best it takes.
+    api, asked = _fresh_host(measured_after=3)
+    with api:
+        chosen, refused = set_best_accepted(
+            lambda w: api.put("/override/", json={"workers": w}), ranked(REFERENCE)
+        )
+    assert chosen == {"fetch": 8, "decode": 2}
+    assert [r["allocation"]["fetch"] for r in refused] == [48, 16]
