@@ -120,6 +120,8 @@ def test_a_two_rank_ddp_job_is_registered_tuned_and_kept_within_the_host_budget(
             metrics = api.get(
                 f"/api/v1/hosts/{host_id}/metrics/", params={"since": time.time() - 300}
             ).json()
+            # What the control plane measured each worker to cost, to say in a failure.
+            measured = api.get(f"/api/v1/hosts/{host_id}/").json()["budget"]["stages"]
         stop_file.touch()
         assert ranks.wait(timeout=30) == 0, log_path.read_text()[-4000:]
     finally:
@@ -130,7 +132,21 @@ def test_a_two_rank_ddp_job_is_registered_tuned_and_kept_within_the_host_budget(
     # counted as one slot: a waiting worker takes less).
     stage_workers = [metrics["stages"][name]["workers"] for name in DLRM_STAGES]
     totals = [sum(counts) for counts in zip(*stage_workers, strict=True)]
-    assert totals and max(totals) <= budget, (totals, budget)
+    over = [
+        {
+            name: {
+                key: metrics["stages"][name][key][i]
+                for key in ("workers", "busy_fraction", "cpu_percent", "runqueue_percent")
+            }
+            for name in DLRM_STAGES
+        }
+        for i, total in enumerate(totals)
+        if total > budget
+    ]
+    assert totals and max(totals) <= budget, (
+        f"the ranks' workers took {max(totals)} slots of the host's {budget}: "
+        f"{over[:3]}; each worker's measured cost: {measured}; decided: {chosen}"
+    )
     assert metrics["slowest_rank"] in (0, 1)
     # Each rank runs its share of the host's workers: split by the ranks' measured need
     # (agents.budget.split_across_ranks), the chosen allocation each when they measure alike.
