@@ -12,8 +12,12 @@ object store) uses little CPU however long it waits. So the budget counts CPU sl
   on the agent, or ``worker_budget`` at registration, sets another number of slots.
 - One worker of a stage takes ``worker_cpu`` slots: 1 until the stage has been measured, and 1
   when it computes. When its workers wait (one busy worker was measured to use less than half a
-  CPU: ``cpu_percent / 100 / (workers * busy_fraction) < 0.5``), the CPU one busy worker uses,
-  at least 1/64 of a slot.
+  CPU: ``(cpu_percent + runqueue_percent) / 100 / (workers * busy_fraction) < 0.5``), the CPU
+  one busy worker uses (``cpu_percent / 100 / (workers * busy_fraction)``), at least 1/64 of a
+  slot. ``runqueue_percent`` is the time the workers were runnable but waiting for a CPU (the
+  scheduler's run-queue delay): a worker held back by other work on the host wanted that CPU,
+  so it counts as computing, not as waiting. A waiting worker's own wake-ups also wait on a
+  loaded run queue; that is the load's, so its cost stays the CPU it used.
 - An allocation is per rank: every local rank's pipeline runs it (docs/architecture.md,
   "Multi-rank hosts"). It takes ``ranks * sum(workers * worker_cpu)`` slots, at most the
   host's: the ranks share the host's CPUs and memory. A stage whose workers wait has at most
@@ -55,6 +59,10 @@ METER_WINDOW = 10
 #: measurement is a few seconds newer, and a waiting stage's CPU per worker moves by this much
 #: from one window to the next; refusing there would cost a decision for nothing.
 AGENT_WAITING_TOLERANCE = 0.2
+#: Ranks whose needs for a stage differ by less than this ratio measure alike and get the same
+#: workers: a busy fraction moves by a few tens of percent from one second to the next on a
+#: shared host, and a split that followed it would move workers back and forth for nothing.
+ALIKE_WITHIN = 1.5
 #: The agent's default memory budget, as a fraction of the host's (cgroup) memory limit.
 MEMORY_BUDGET_FRACTION = 0.8
 # Room for float sums: 0.1 * 3 slots must fit in 0.3.
@@ -72,17 +80,26 @@ def default_memory_budget_mb(memory_limit_mb: float) -> float:
     return MEMORY_BUDGET_FRACTION * memory_limit_mb
 
 
-def cpu_per_busy_worker(cpu_percent: float, workers: int, busy_fraction: float) -> float | None:
-    """Return the CPUs one busy worker of a stage used, or ``None`` when too little ran to say.
+def cpu_per_busy_worker(
+    cpu_percent: float, workers: int, busy_fraction: float, runqueue_percent: float = 0.0
+) -> float | None:
+    """Return the CPUs one busy worker of a stage used or wanted, or ``None`` when too little
+    ran to say.
 
     ``cpu_percent`` is the stage's CPU use over all its workers (100 is one CPU; 0 is taken as
     not measured), ``busy_fraction`` the fraction of the time its workers spent in the stage's
-    function.
+    function, ``runqueue_percent`` the time its workers spent runnable but waiting for a CPU,
+    in the same unit (100 is one worker waiting the whole time; 0 when not measured).
+
+    A worker on the run queue wanted a CPU: that time counts as CPU, not as waiting. Without it
+    a stage that computes on a host loaded by other work reads as a stage whose workers wait,
+    and the budget would let it have many more workers than there are CPUs.
     """
     busy_workers = workers * busy_fraction
     if busy_workers < MIN_BUSY_WORKERS or cpu_percent <= 0:
         return None
-    return cpu_percent / 100.0 / busy_workers
+    wanted = cpu_percent + max(0.0, runqueue_percent or 0.0)
+    return wanted / 100.0 / busy_workers
 
 
 def worker_cpu(cpu_per_busy: float | None) -> float:
@@ -103,7 +120,8 @@ def relative_cpu_per_busy_worker(
     host is saturated (see the module docstring).
 
     ``stages`` are the protocol's stage fields (``name``, ``workers``, ``busy_fraction``,
-    ``cpu_percent``); ``host_cpu_percent`` the host's CPU use (100 is all its CPUs).
+    ``cpu_percent`` and, when measured, ``runqueue_percent``); ``host_cpu_percent`` the host's
+    CPU use (100 is all its CPUs).
     """
     raw = {}
     for stage in stages:
@@ -111,11 +129,18 @@ def relative_cpu_per_busy_worker(
         if not cpu or cpu <= 0:
             # Even a waiting worker uses some CPU: none at all means nothing was measured.
             continue
-        value = cpu_per_busy_worker(
-            float(cpu), int(stage.get("workers") or 0), float(stage.get("busy_fraction") or 0.0)
+        workers = int(stage.get("workers") or 0)
+        busy = float(stage.get("busy_fraction") or 0.0)
+        wanted = cpu_per_busy_worker(
+            float(cpu), workers, busy, float(stage.get("runqueue_percent") or 0.0)
         )
-        if value is not None:
-            raw[str(stage["name"])] = value
+        if wanted is None:
+            continue
+        # A worker that was runnable at least half its busy time computes, however little of
+        # the CPU it got; one that waits costs the CPU it used. Its wake-ups wait on a loaded
+        # host's run queue too, and that wait is the load's, not a cost of the worker.
+        used = cpu_per_busy_worker(float(cpu), workers, busy)
+        raw[str(stage["name"])] = wanted if wanted >= WAITING_BELOW or used is None else used
     saturated = host_cpu_percent is not None and host_cpu_percent >= SATURATED_PERCENT
     scale = max(raw.values(), default=0.0) if saturated else 1.0
     if scale <= 0:
@@ -339,3 +364,84 @@ def allocation_problems(
                 f"is {host.memory_mb:.0f} MB{hint}"
             )
     return problems
+
+
+def rank_need(stages: Iterable[Mapping]) -> dict[str, float]:
+    """One rank's measured need per stage: its busy workers (``workers * busy_fraction``).
+
+    The ranks of a DDP job take the same samples/s (each step waits for all of them), so a
+    stage's busy workers on a rank are that rank's time per item at the common rate: a rank
+    whose items cost twice as much keeps twice as many workers busy.
+    """
+    return {
+        str(s["name"]): max(0.0, float(s.get("workers") or 0) * float(s.get("busy_fraction") or 0))
+        for s in stages
+    }
+
+
+def _largest_remainder(count: int, weights: Mapping[int, float], room: Mapping[int, int]) -> dict:
+    """Share ``count`` among ``weights``' keys in proportion, none past its ``room``; what no
+    key has room for is left out. Equal weights share alike (ties go to the lower key)."""
+    given = dict.fromkeys(weights, 0)
+    left = count
+    open_ = [k for k in sorted(weights) if room[k] > 0]
+    while left > 0 and open_:
+        total = sum(weights[k] for k in open_)
+        quotas = {k: left * (weights[k] / total if total > 0 else 1.0 / len(open_)) for k in open_}
+        share = {k: min(room[k] - given[k], math.floor(quotas[k] + _EPSILON)) for k in open_}
+        handed = sum(share.values())
+        by_rest = sorted(open_, key=lambda k: (-(quotas[k] - math.floor(quotas[k] + _EPSILON)), k))
+        for k in by_rest:
+            if handed >= left:
+                break
+            if given[k] + share[k] < room[k]:
+                share[k] += 1
+                handed += 1
+        for k in open_:
+            given[k] += share[k]
+        left -= handed
+        open_ = [k for k in open_ if given[k] < room[k]]
+        if handed == 0:
+            break
+    return given
+
+
+def split_across_ranks(
+    workers: Mapping[str, int],
+    needs: Mapping[int, Mapping[str, float]],
+    max_workers: Mapping[str, int | None] | None = None,
+) -> dict[int, dict[str, int]]:
+    """Split the host's allocation among its ranks by what each measured it needs.
+
+    ``workers`` is the per-rank allocation the control plane decided: the host runs
+    ``len(needs) * workers[stage]`` workers of each stage in all, and so does every split.
+    ``needs`` holds, per rank, each stage's measured need (:func:`rank_need`; a rank or stage
+    not measured counts as the mean of the others). Each rank gets at least one worker per
+    stage and at most the stage's ``max_workers``; the rest goes in proportion to the ranks'
+    needs. Ranks that measure alike (needs within :data:`ALIKE_WITHIN` of each other) get
+    ``workers`` each. The total per stage never exceeds
+    the host's, so a split fits wherever ``workers`` fits (the budget counts a stage's
+    workers alike on every rank).
+    """
+    ranks = sorted(needs)
+    if not ranks:
+        return {}
+    bounds = max_workers or {}
+    split: dict[int, dict[str, int]] = {rank: {} for rank in ranks}
+    for stage, per_rank in workers.items():
+        per_rank = max(1, int(per_rank))
+        total = per_rank * len(ranks)
+        measured = {r: float(needs[r][stage]) for r in ranks if needs[r].get(stage) is not None}
+        known = [v for v in measured.values() if v > 0]
+        fill = sum(known) / len(known) if known else 1.0
+        need = {r: measured.get(r) or fill for r in ranks}
+        if max(need.values()) < ALIKE_WITHIN * min(need.values()):
+            need = dict.fromkeys(ranks, 1.0)
+        # Each rank's proportional share of the total, less the one worker it gets anyway.
+        weights = {r: max(0.0, total * need[r] / sum(need.values()) - 1) for r in ranks}
+        cap = bounds.get(stage)
+        room = {r: (int(cap) if cap else total) - 1 for r in ranks}
+        extra = _largest_remainder(total - len(ranks), weights, room)
+        for rank in ranks:
+            split[rank][stage] = 1 + extra[rank]
+    return split

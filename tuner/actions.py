@@ -91,6 +91,7 @@ def measure_worker_cpu(meter: WorkerCpuMeter, observation: Observation) -> dict[
                 "workers": s.workers,
                 "busy_fraction": s.busy_fraction,
                 "cpu_percent": s.cpu_percent,
+                "runqueue_percent": s.runqueue_percent,
             }
             for s in observation.stages
         ],

@@ -21,6 +21,9 @@ class StageObservation:
     max_workers: int | None = None
     memory_mb_per_worker: float | None = None  # measured RSS / workers when known
     cpu_percent: float | None = None  # the stage's CPU use, all workers (100 = one CPU)
+    # Time its workers were runnable but waiting for a CPU, all workers (100 = one worker all
+    # the time); counted as CPU they wanted (agents.budget.cpu_per_busy_worker). 0: unmeasured.
+    runqueue_percent: float = 0.0
     # CPU slots one worker takes as the control plane counts them (agents.budget); None: the
     # tuner measures it from busy_fraction and cpu_percent itself.
     worker_cpu: float | None = None

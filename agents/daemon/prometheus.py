@@ -39,6 +39,11 @@ class AgentMetrics:
         self.stage_cpu = gauge(
             "intune_stage_cpu_percent", "CPU of a stage's processes (100 = one core)", stage
         )
+        self.stage_runqueue = gauge(
+            "intune_stage_runqueue_percent",
+            "Time a stage's workers were runnable but waiting for a CPU (100 = one worker)",
+            stage,
+        )
         self.stage_rss = gauge(
             "intune_stage_rss_mb", "Resident memory of a stage's processes", stage
         )
@@ -91,6 +96,7 @@ class AgentMetrics:
             self.stage_busy.labels(name).set(s["busy_fraction"])
             self.stage_in_queue.labels(name).set(s["in_queue"])
             self.stage_cpu.labels(name).set(s["cpu_percent"])
+            self.stage_runqueue.labels(name).set(s.get("runqueue_percent", 0.0))
             self.stage_rss.labels(name).set(s["rss_mb"])
         trainer = sample.get("trainer")
         if trainer:

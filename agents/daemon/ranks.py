@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agents.budget import rank_need, split_across_ranks
 from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
 
 log = logging.getLogger("agents.daemon.ranks")
@@ -189,7 +190,10 @@ def sum_stages(reports: list[list[dict]], names: list[str]) -> list[dict]:
             "workers": workers,
             "busy_fraction": busy / workers if workers else 0,
         }
-        for key in ("items_per_s", "in_queue", "out_queue", "queue_capacity", "cpu_percent"):
+        for key in (
+            "items_per_s", "in_queue", "out_queue", "queue_capacity", "cpu_percent",
+            "runqueue_percent",
+        ):  # fmt: skip
             stage[key] = sum(float(r.get(key, 0.0)) for r in rows)
         stage["rss_mb"] = sum(float(r.get("rss_mb", 0.0)) for r in rows)
         out.append(stage)
@@ -236,6 +240,8 @@ class HostPipelines:
         self._lock = threading.Condition()
         self._connected: dict[int, _Rank] = {}
         self._in_force: dict[str, int] | None = None
+        # Each rank's share of the allocation in force (split_across_ranks), by rank.
+        self._split: dict[int, dict[str, int]] = {}
         self._generation = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -339,23 +345,46 @@ class HostPipelines:
             for rank, report, allocation in self._live_reports()
         ]
 
+    def rank_workers(self) -> dict[int, dict[str, int]]:
+        """Each connected rank's workers per stage now (its share of the allocation)."""
+        with self._lock:
+            return {rank: dict(r.allocation) for rank, r in sorted(self._connected.items())}
+
     # -- allocations ------------------------------------------------------------------------
 
+    def split(self, workers: dict[str, int], ranks: list[int]) -> dict[int, dict[str, int]]:
+        """``workers`` (per rank) split among ``ranks`` by each one's measured need
+        (:func:`agents.budget.split_across_ranks`): the host's total per stage is kept, ranks
+        that measure alike get ``workers`` each, and a rank that has not reported counts as
+        the mean of the others."""
+        with self._lock:
+            reports = {rank: self._connected[rank].report for rank in ranks}
+        needs = {
+            rank: rank_need(report["stages"]) if report else {} for rank, report in reports.items()
+        }
+        bounds = {s.name: s.max_workers for s in self.stages}
+        return split_across_ranks(workers, needs, bounds)
+
     def apply(self, workers: dict[str, int]) -> None:
-        """Send a per-rank allocation to every connected rank and wait (bounded) for each to
-        apply it; a rank that refuses it refuses it for the host (the ranks that applied it go
-        back to the previous one), a rank silent past ``apply_timeout_s`` is disconnected (it
-        reconnects and is sent the allocation in force). Ranks that connect later get it too."""
+        """Send a per-rank allocation to every connected rank, split among them by what each
+        measured it needs (:meth:`split`), and wait (bounded) for each to apply its share; a
+        rank that refuses refuses it for the host (the ranks that applied it go back to their
+        previous share), a rank silent past ``apply_timeout_s`` is disconnected (it reconnects
+        and is sent its share in force). Ranks that connect later get theirs too."""
         workers = {str(k): int(v) for k, v in workers.items()}
         with self._lock:
             self._generation += 1
             generation = self._generation
             previous = self._in_force
-            self._in_force = dict(workers)
+            previous_split = dict(self._split)
             targets = list(self._connected.values())
-        message = {"type": "allocation", "generation": generation, "workers": workers}
+        split = self.split(workers, [r.rank for r in targets])
+        with self._lock:
+            self._in_force = dict(workers)
+            self._split = split
         for r in targets:
-            self._send(r, message)
+            share = split.get(r.rank, workers)
+            self._send(r, {"type": "allocation", "generation": generation, "workers": share})
         deadline = time.monotonic() + self.apply_timeout_s
         with self._lock:
             self._lock.wait_for(
@@ -376,11 +405,14 @@ class HostPipelines:
         if refused:
             with self._lock:
                 self._in_force = previous
+                self._split = previous_split
             if previous is not None:
-                back = {"type": "allocation", "generation": generation, "workers": previous}
                 for r in targets:
                     if answers[r.rank] is None:
-                        self._send(r, back)
+                        back = previous_split.get(r.rank, previous)
+                        self._send(
+                            r, {"type": "allocation", "generation": generation, "workers": back}
+                        )
             raise RuntimeError(
                 "; ".join(f"rank {rank} refused it: {reason}" for rank, reason in refused.items())
             )
@@ -445,7 +477,7 @@ class HostPipelines:
             r = _Rank(rank, int(hello.get("pid", 0)), lines, hello.get("allocation") or {})
             replaced = self._connected.get(rank)
             self._connected[rank] = r
-            in_force = self._in_force
+            in_force = self._split.get(rank, self._in_force)
             generation = self._generation
         if replaced is not None:
             replaced.lines.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-STAGE_FLOATS = ("items_per_s", "busy_fraction", "cpu_percent", "rss_mb")
+STAGE_FLOATS = ("items_per_s", "busy_fraction", "cpu_percent", "runqueue_percent", "rss_mb")
 STAGE_INTS = ("workers", "in_queue", "out_queue", "queue_capacity")
 TRAINER_FLOATS = ("throughput", "idle_fraction", "step_ms", "wait_ms")
 

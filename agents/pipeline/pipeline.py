@@ -19,6 +19,7 @@ from agents.pipeline import shm
 from agents.pipeline.errors import AllocationError, StageFailed
 from agents.pipeline.inbox import Inbox
 from agents.pipeline.pool import StagePool
+from agents.pipeline.schedstat import process_runqueue_seconds, thread_runqueue_seconds
 from agents.pipeline.stage import Stage
 from agents.pipeline.worker import POLL_S, Failure, decode, serve_process
 from agents.pipeline.zygote import Zygote
@@ -122,6 +123,8 @@ class Pipeline:
         self._metrics_at = time.monotonic()
         self._last_totals: dict[str, tuple[float, float, float]] = {}
         self._cpu_seen: dict[tuple[str, int], float] = {}
+        # Per stage: each worker's run-queue delay at the last call, to take differences.
+        self._runqueue_seen: dict[str, dict[tuple[str, int], float]] = {}
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._ended = False
@@ -449,6 +452,7 @@ class Pipeline:
                 span = worker_s - last_worker_s
                 busy_fraction = (busy - last_busy) / span if span > 0 else 0.0
                 cpu_s, rss = self._stage_cpu_and_rss(pool, thread_cpu)
+                runqueue_s = self._stage_runqueue(pool)
                 rows.append(
                     {
                         "name": stage.name,
@@ -459,6 +463,7 @@ class Pipeline:
                         "out_queue": self._inboxes[i + 1].qsize(),
                         "queue_capacity": self.queue_size,
                         "cpu_percent": 100.0 * cpu_s / wall,
+                        "runqueue_percent": 100.0 * runqueue_s / wall,
                         "rss_mb": rss / 2**20,
                     }
                 )
@@ -474,6 +479,7 @@ class Pipeline:
             "out_queue": 0,
             "queue_capacity": self.queue_size,
             "cpu_percent": 0.0,
+            "runqueue_percent": 0.0,
             "rss_mb": 0.0,
         }
 
@@ -498,6 +504,26 @@ class Pipeline:
             cpu_s += total - self._cpu_seen.get(key, 0.0)
         self._cpu_seen.update(current)
         return max(cpu_s, 0.0), rss
+
+    def _stage_runqueue(self, pool: StagePool) -> float:
+        """Seconds the stage's workers spent runnable but waiting for a CPU since the last call
+        (:mod:`agents.pipeline.schedstat`; 0 where the kernel does not say)."""
+        current: dict[tuple[str, int], float] = {}
+        if pool.stage.kind == "process":
+            for process in pool.processes():
+                seconds = process_runqueue_seconds(process.pid)
+                if seconds is not None:
+                    current[("p", process.pid)] = seconds
+        else:
+            for tid in pool.thread_ids():
+                seconds = thread_runqueue_seconds(tid)
+                if seconds is not None:
+                    current[("t", tid)] = seconds
+        # A worker seen for the first time started with no delay; one gone takes its own along.
+        seen = self._runqueue_seen.get(pool.stage.name, {})
+        delay = sum(total - seen.get(key, 0.0) for key, total in current.items())
+        self._runqueue_seen[pool.stage.name] = current
+        return max(delay, 0.0)
 
     @staticmethod
     def _thread_cpu_times() -> dict[int, float]:

@@ -60,6 +60,7 @@
       if (!merged.stages[name]) merged.stages[name] = emptySeries(Object.keys(series));
       mergeInto(merged.stages[name], series, cutFrom, keepFrom);
     }
+    merged.rank_workers = data.rank_workers && Object.keys(data.rank_workers).length ? data.rank_workers : merged.rank_workers;
     merged.ranks = merged.ranks || {};
     for (const [rank, series] of Object.entries(data.ranks || {})) {
       if (!merged.ranks[rank]) merged.ranks[rank] = emptySeries(Object.keys(series));
@@ -144,7 +145,35 @@
     const idle = mean(m.ranks[slowest].idle_fraction);
     $("note-ranks").textContent = `${ranks.length} ranks on this host. Rank ${slowest} is the slowest: ${fmt.rate(rate[slowest])} against ${fmt.rate(rate[fastest])} for rank ${fastest}`
       + (idle === null ? "." : `; it waited for input ${(idle * 100).toFixed(1)} % of the time.`)
-      + " The host's throughput above is the sum over its ranks; an allocation is per rank and every rank runs it.";
+      + " The host's throughput above is the sum over its ranks; the host agent splits each allocation among its ranks by what each needs.";
+    drawRankTable(ranks, rate, slowest, m);
+  }
+
+  // Each rank in a row: samples/s and time waiting for input over the range, and the workers it
+  // runs now; the slowest rank's row is highlighted, as DDP waits for it.
+  function drawRankTable(ranks, rate, slowest, m) {
+    const card = document.querySelector('[data-chart="ranks"]');
+    let table = document.getElementById("table-ranks");
+    if (!table) {
+      table = document.createElement("table");
+      table.id = "table-ranks";
+      table.className = "ranks";
+      card.appendChild(table);
+    }
+    const mean = (values) => {
+      const v = (values || []).filter((x) => x !== null);
+      return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null;
+    };
+    const shares = m.rank_workers || {};
+    const head = "<thead><tr><th scope=\"col\">Rank</th><th scope=\"col\">Samples/s</th><th scope=\"col\">Waiting for input</th><th scope=\"col\">Workers</th></tr></thead>";
+    const rows = ranks.map((r) => {
+      const idle = mean(m.ranks[r].idle_fraction);
+      const workers = shares[r] ? Object.entries(shares[r]).map(([name, n]) => `${escapeHtml(name)} ${Number(n)}`).join(", ") : "—";
+      const mark = r === slowest ? ' <span class="badge slowest-badge">slowest</span>' : "";
+      return `<tr data-rank="${escapeHtml(r)}"${r === slowest ? ' class="slowest"' : ""}><th scope="row">rank ${escapeHtml(r)}${mark}</th>`
+        + `<td>${rate[r] === null ? "—" : fmt.rate(rate[r])}</td><td>${idle === null ? "—" : (idle * 100).toFixed(1) + " %"}</td><td>${workers}</td></tr>`;
+    });
+    table.innerHTML = `${head}<tbody>${rows.join("")}</tbody>`;
   }
 
   // Allocations in force over time (stacked, as steps) and a marker at every change.

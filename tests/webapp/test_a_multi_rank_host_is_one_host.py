@@ -74,6 +74,10 @@ def test_each_ranks_figures_are_stored_and_the_slowest_rank_is_named(api, two_ra
     assert metrics["ranks"]["1"]["idle_fraction"][-1] == pytest.approx(0.4)
     assert metrics["slowest_rank"] == 1
     assert metrics["series"]["throughput"][-1] == pytest.approx(1000.0), "the host's total"
+    assert metrics["rank_workers"] == {
+        "0": dict.fromkeys(job.stage_names, 1),
+        "1": dict.fromkeys(job.stage_names, 1),
+    }
 
 
 def test_a_rank_beyond_the_hosts_ranks_refuses_the_batch_naming_it(api, two_rank_host, sample):

@@ -55,6 +55,10 @@ class StageSample(models.Model):
     out_queue = models.FloatField(default=0)
     queue_capacity = models.FloatField(default=0)
     cpu_percent = models.FloatField(default=0)
+    #: Time the stage's workers were runnable but waiting for a CPU (100 = one worker all the
+    #: time). The database default lets agents older than the field, and rows stored before
+    #: it, read as 0: not measured.
+    runqueue_percent = models.FloatField(default=0, db_default=0)
     rss_mb = models.FloatField(default=0)
 
     class Meta:

@@ -55,7 +55,7 @@ class SequenceConflict(ValueError):
 # A stage sample's measurements: what is stored, and the series read back.
 STAGE_SERIES = (
     "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue", "queue_capacity",
-    "cpu_percent", "rss_mb",
+    "cpu_percent", "runqueue_percent", "rss_mb",
 )  # fmt: skip
 
 
@@ -252,7 +252,26 @@ def series(host: Host, since: float, until: float, step: float) -> dict:
         "stages": stages,
         "ranks": ranks,
         "slowest_rank": slowest,
+        "rank_workers": rank_workers(host, since, until),
     }
+
+
+def rank_workers(host: Host, since: float, until: float) -> dict[str, dict[str, int]]:
+    """Each local rank's newest workers per stage in the range (multi-rank hosts; empty
+    otherwise): the host agent splits the allocation among its ranks by their measured need,
+    so the ranks' shares may differ (agents.budget.split_across_ranks)."""
+    from django.db.models import Max
+
+    in_range = RankSample.objects.filter(host=host, ts__gte=since, ts__lte=until).exclude(
+        workers=None
+    )
+    last = in_range.values("rank").annotate(ts=Max("ts")).values_list("rank", "ts")
+    newest: dict[str, dict[str, int]] = {}
+    for rank, ts in last:
+        row = in_range.filter(rank=rank, ts=ts).values("workers").first()
+        if row is not None:
+            newest[str(rank)] = row["workers"]
+    return dict(sorted(newest.items(), key=lambda item: int(item[0])))
 
 
 RANK_SERIES = ("throughput", "idle_fraction", "step_ms", "wait_ms")
@@ -298,7 +317,7 @@ def _recent_measurements(host: Host) -> list[tuple[float, list[dict]]]:
     )
     stages = defaultdict(list)
     rows = StageSample.objects.filter(sample_id__in=[s["id"] for s in samples]).values(
-        "sample_id", "stage", "workers", "busy_fraction", "cpu_percent"
+        "sample_id", "stage", "workers", "busy_fraction", "cpu_percent", "runqueue_percent"
     )
     for row in rows:
         stages[row["sample_id"]].append({**row, "name": row["stage"]})

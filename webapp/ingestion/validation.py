@@ -64,6 +64,7 @@ def validate_stage(raw, where: str, stage_names: set[str]) -> dict:
         "out_queue": _optional(raw, "out_queue", where) or 0.0,
         "queue_capacity": _optional(raw, "queue_capacity", where) or 0.0,
         "cpu_percent": _optional(raw, "cpu_percent", where) or 0.0,
+        "runqueue_percent": _optional(raw, "runqueue_percent", where) or 0.0,
         "rss_mb": _optional(raw, "rss_mb", where) or 0.0,
     }
 

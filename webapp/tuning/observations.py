@@ -52,6 +52,9 @@ def build_observation(
                 items_per_s=fmean(r["items_per_s"] for r in measured) / ranks if measured else 0.0,
                 busy_fraction=fmean(r["busy_fraction"] for r in measured) if measured else 0.0,
                 cpu_percent=fmean(r["cpu_percent"] for r in measured) / ranks if measured else None,
+                runqueue_percent=(
+                    fmean(r["runqueue_percent"] for r in measured) / ranks if measured else 0.0
+                ),
                 worker_cpu=worker_cpu.get(name, 1.0),
                 queue_fill=min(1.0, out_queue / capacity) if capacity else 0.0,
                 max_workers=spec.max_workers,

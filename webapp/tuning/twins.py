@@ -45,6 +45,7 @@ def protocol_samples(host: Host, limit: int = 1200) -> list[dict]:
                 for key in ("items_per_s", "in_queue", "out_queue", "queue_capacity"):
                     stage[key] /= n
                 stage["cpu_percent"] /= n
+                stage["runqueue_percent"] /= n
                 stage["rss_mb"] /= n
         samples.append(
             {

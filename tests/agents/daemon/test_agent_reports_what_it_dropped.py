@@ -56,11 +56,12 @@ def test_measurements_are_made_valid_before_they_can_spoil_a_batch():
     stage = stage_fields(
         {"name": "parse", "workers": 2, "items_per_s": math.nan, "busy_fraction": 1.03,
          "in_queue": 3, "out_queue": 0, "queue_capacity": 8, "cpu_percent": math.inf,
-         "rss_mb": 120.0, "extra": "ignored"}
+         "runqueue_percent": -2.0, "rss_mb": 120.0, "extra": "ignored"}
     )  # fmt: skip
     assert stage == {
         "name": "parse", "workers": 2, "in_queue": 3, "out_queue": 0, "queue_capacity": 8,
-        "items_per_s": 0.0, "busy_fraction": 1.0, "cpu_percent": 0.0, "rss_mb": 120.0,
+        "items_per_s": 0.0, "busy_fraction": 1.0, "cpu_percent": 0.0, "runqueue_percent": 0.0,
+        "rss_mb": 120.0,
     }  # fmt: skip
     trainer = trainer_fields({"throughput": 10.0, "idle_fraction": -0.01, "device": "cuda"})
     assert trainer["idle_fraction"] == 0.0 and trainer["step_ms"] == 0.0

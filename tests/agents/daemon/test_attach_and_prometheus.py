@@ -48,4 +48,5 @@ def test_prometheus_exposes_stage_and_trainer_gauges(control_plane, pipeline, co
         agent.stop()
     assert 'intune_stage_workers{stage="parse"} 1.0' in text
     assert "intune_trainer_idle_fraction" in text
+    assert 'intune_stage_runqueue_percent{stage="parse"}' in text
     assert "intune_allocation_version 1.0" in text

@@ -46,6 +46,12 @@ STAGE_SAMPLE = {
         "out_queue": _number(nullable=True),
         "queue_capacity": _number(nullable=True),
         "cpu_percent": _number(nullable=True),
+        "runqueue_percent": _number(nullable=True)
+        | {
+            "description": "time the stage's workers were runnable but waiting for a CPU, "
+            "summed over its workers (100 = one worker the whole time); 0 or absent: not "
+            "measured"
+        },
         "rss_mb": _number(nullable=True),
     },
     "required": ["name", "workers", "items_per_s", "busy_fraction"],
