@@ -73,3 +73,65 @@ class MultiRowInsert:
                 if self.returns:
                     returned += cursor.fetchall()
         return returned
+
+
+class BatchInsertPostgres:
+    """A batch's samples and their stage rows in ONE PostgreSQL statement: the samples from
+    ``unnest`` of one array per column (``ON CONFLICT (host_id, seq) DO NOTHING``, so that two
+    requests storing the same sequence number at once store it once), their stage rows joined
+    to the sample ids the first INSERT returned; returns ``(id, seq)`` of the samples inserted.
+
+    One statement, one round trip and no per-row SQL text: the statement's text is the same for
+    every batch, whatever its size.
+    """
+
+    def __init__(
+        self,
+        sample_model: type[Model],
+        sample_columns: Sequence[str],
+        stage_model: type[Model],
+        stage_columns: Sequence[str],
+    ) -> None:
+        quote = connection.ops.quote_name
+        sample_fields = {f.attname: f for f in sample_model._meta.concrete_fields}
+        stage_fields = {f.attname: f for f in stage_model._meta.concrete_fields}
+        self.sample_fields = [sample_fields[c] for c in sample_columns]
+        self.stage_fields = [stage_fields[c] for c in stage_columns]
+
+        def arrays(fields, alias):
+            casts = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+            names = ", ".join(f"c{i}" for i in range(len(fields)))
+            return f"unnest({casts}) AS {alias}({names})"
+
+        sample_cols = ", ".join(quote(f.column) for f in self.sample_fields)
+        stage_cols = ", ".join(quote(f.column) for f in self.stage_fields)
+        stage_values = ", ".join(f"st.c{i + 1}" for i in range(len(self.stage_fields)))
+        self.sql = (
+            f"WITH new AS (INSERT INTO {quote(sample_model._meta.db_table)} "
+            f"({quote('host_id')}, {sample_cols}) "
+            f"SELECT %s, * FROM {arrays(self.sample_fields, 's')} "
+            f"ON CONFLICT ({quote('host_id')}, {quote('seq')}) DO NOTHING "
+            f"RETURNING {quote('id')}, {quote('seq')}, {quote('ts')}), "
+            f"stages AS (INSERT INTO {quote(stage_model._meta.db_table)} "
+            f"({quote('sample_id')}, {quote('host_id')}, {quote('ts')}, {stage_cols}) "
+            f"SELECT new.{quote('id')}, %s, new.{quote('ts')}, {stage_values} "
+            f"FROM new JOIN {arrays([sample_fields['seq'], *self.stage_fields], 'st')} "
+            f"ON st.c0 = new.{quote('seq')}) "
+            f"SELECT {quote('id')}, {quote('seq')} FROM new"
+        )
+
+    def run(
+        self, host_id: int, samples: Sequence[Mapping[str, Any]], stages: Sequence[Mapping]
+    ) -> list[tuple]:
+        """Insert ``samples`` (mappings of the sample columns) and ``stages`` (mappings of the
+        stage columns and ``seq``, the sample they belong to) of one host."""
+        params: list[Any] = [host_id]
+        for field in self.sample_fields:
+            params.append([field.get_db_prep_save(s[field.attname], connection) for s in samples])
+        params.append(host_id)
+        params.append([s["seq"] for s in stages])
+        for field in self.stage_fields:
+            params.append([field.get_db_prep_save(s[field.attname], connection) for s in stages])
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            return cursor.fetchall()
