@@ -119,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
 
     for name in variants:
         run_round(name)  # warm up
+    if os.getenv("INTUNE_PROFILE"):  # where the lean path's CPU goes (thread CPU time)
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile(timer=time.thread_time)
+        profile.runcall(lambda: [store(False) for _ in range(args.batches)])
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
     per_batch = {name: [] for name in variants}
     for i in range(args.rounds):
         order = list(variants) if i % 2 == 0 else list(reversed(variants))

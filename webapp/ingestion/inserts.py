@@ -12,6 +12,7 @@ PostgreSQL and SQLite (3.35+) both run; values still go through each field's own
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -76,13 +77,19 @@ class MultiRowInsert:
 
 
 class BatchInsertPostgres:
-    """A batch's samples and their stage rows in ONE PostgreSQL statement: the samples from
-    ``unnest`` of one array per column (``ON CONFLICT (host_id, seq) DO NOTHING``, so that two
-    requests storing the same sequence number at once store it once), their stage rows joined
-    to the sample ids the first INSERT returned; returns ``(id, seq)`` of the samples inserted.
+    """A whole batch in ONE PostgreSQL statement: its samples, their stage rows and the host's
+    update, from the validated batch sent as one JSON parameter.
 
-    One statement, one round trip and no per-row SQL text: the statement's text is the same for
-    every batch, whatever its size.
+    - the samples: ``json_to_recordset`` of the batch, ``INSERT ... ON CONFLICT (host_id, seq)
+      DO NOTHING``, so that two requests storing one sequence number at once store it once;
+    - their stage rows: joined to the sample ids that INSERT returned (a skipped duplicate's
+      stage rows are skipped with it);
+    - the host: last_seen, status, last_seq, applied_version and dropped_samples, as the ORM
+      update of the generic path sets them (``GREATEST`` ignores a NULL, as ``Coalesce`` did).
+
+    Returns ``(id, seq)`` of the samples inserted. One round trip, a statement text that is the
+    same for every batch, and values serialized by ``json.dumps`` (validation has already made
+    them plain numbers and strings) instead of field by field.
     """
 
     def __init__(
@@ -91,47 +98,60 @@ class BatchInsertPostgres:
         sample_columns: Sequence[str],
         stage_model: type[Model],
         stage_columns: Sequence[str],
+        host_model: type[Model],
     ) -> None:
-        quote = connection.ops.quote_name
+        q = connection.ops.quote_name
         sample_fields = {f.attname: f for f in sample_model._meta.concrete_fields}
         stage_fields = {f.attname: f for f in stage_model._meta.concrete_fields}
-        self.sample_fields = [sample_fields[c] for c in sample_columns]
-        self.stage_fields = [stage_fields[c] for c in stage_columns]
 
-        def arrays(fields, alias):
-            casts = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
-            names = ", ".join(f"c{i}" for i in range(len(fields)))
-            return f"unnest({casts}) AS {alias}({names})"
+        def record(fields: dict, columns: Sequence[str]) -> str:
+            return ", ".join(f"{q(c)} {fields[c].db_type(connection)}" for c in columns)
 
-        sample_cols = ", ".join(quote(f.column) for f in self.sample_fields)
-        stage_cols = ", ".join(quote(f.column) for f in self.stage_fields)
-        stage_values = ", ".join(f"st.c{i + 1}" for i in range(len(self.stage_fields)))
+        cols = ", ".join(q(c) for c in sample_columns)
+        stage_cols = ", ".join(q(c) for c in stage_columns)
         self.sql = (
-            f"WITH new AS (INSERT INTO {quote(sample_model._meta.db_table)} "
-            f"({quote('host_id')}, {sample_cols}) "
-            f"SELECT %s, * FROM {arrays(self.sample_fields, 's')} "
-            f"ON CONFLICT ({quote('host_id')}, {quote('seq')}) DO NOTHING "
-            f"RETURNING {quote('id')}, {quote('seq')}, {quote('ts')}), "
-            f"stages AS (INSERT INTO {quote(stage_model._meta.db_table)} "
-            f"({quote('sample_id')}, {quote('host_id')}, {quote('ts')}, {stage_cols}) "
-            f"SELECT new.{quote('id')}, %s, new.{quote('ts')}, {stage_values} "
-            f"FROM new JOIN {arrays([sample_fields['seq'], *self.stage_fields], 'st')} "
-            f"ON st.c0 = new.{quote('seq')}) "
-            f"SELECT {quote('id')}, {quote('seq')} FROM new"
+            f"WITH s AS (SELECT * FROM json_to_recordset(%(samples)s::json) AS s("
+            f"{record(sample_fields, sample_columns)}, {q('stages')} json)), "
+            f"new AS (INSERT INTO {q(sample_model._meta.db_table)} "
+            f"({q('host_id')}, {q('resolution_s')}, {cols}) "
+            f"SELECT %(host)s, 1, {cols} FROM s "
+            f"ON CONFLICT ({q('host_id')}, {q('seq')}) DO NOTHING "
+            f"RETURNING {q('id')}, {q('seq')}, {q('ts')}), "
+            f"stages AS (INSERT INTO {q(stage_model._meta.db_table)} "
+            f"({q('sample_id')}, {q('host_id')}, {q('ts')}, {stage_cols}) "
+            f"SELECT new.{q('id')}, %(host)s, new.{q('ts')}, "
+            + ", ".join(f"st.{q(c)}" for c in stage_columns)
+            + f" FROM new JOIN s ON s.{q('seq')} = new.{q('seq')}, "
+            f"json_to_recordset(s.{q('stages')}) AS st({record(stage_fields, stage_columns)})), "
+            f"host AS (UPDATE {q(host_model._meta.db_table)} SET "
+            f"{q('last_seen')} = %(now)s, {q('status')} = %(status)s, "
+            f"{q('last_seq')} = GREATEST({q('last_seq')}, %(max_seq)s::bigint), "
+            f"{q('applied_version')} = GREATEST({q('applied_version')}, %(applied)s::integer), "
+            f"{q('dropped_samples')} = {q('dropped_samples')} + %(dropped)s::bigint "
+            f"WHERE {q('id')} = %(host)s) "
+            f"SELECT {q('id')}, {q('seq')} FROM new"
         )
 
     def run(
-        self, host_id: int, samples: Sequence[Mapping[str, Any]], stages: Sequence[Mapping]
+        self,
+        host_id: int,
+        samples: Sequence[Mapping[str, Any]],
+        *,
+        now,
+        status: str,
+        applied_version: int | None,
+        dropped: int,
     ) -> list[tuple]:
-        """Insert ``samples`` (mappings of the sample columns) and ``stages`` (mappings of the
-        stage columns and ``seq``, the sample they belong to) of one host."""
-        params: list[Any] = [host_id]
-        for field in self.sample_fields:
-            params.append([field.get_db_prep_save(s[field.attname], connection) for s in samples])
-        params.append(host_id)
-        params.append([s["seq"] for s in stages])
-        for field in self.stage_fields:
-            params.append([field.get_db_prep_save(s[field.attname], connection) for s in stages])
+        """Store validated ``samples`` (each with its ``stages``) of one host and update it."""
+        params = {
+            "samples": json.dumps(samples, separators=(",", ":"), allow_nan=False),
+            "host": host_id,
+            "now": now,
+            "status": status,
+            "max_seq": max((s["seq"] for s in samples), default=None),
+            "applied": applied_version,
+            "dropped": dropped,
+        }
         with connection.cursor() as cursor:
             cursor.execute(self.sql, params)
             return cursor.fetchall()

@@ -75,8 +75,7 @@ def _inserts() -> tuple[MultiRowInsert, MultiRowInsert]:
 @functools.cache
 def _batch_insert_postgres() -> BatchInsertPostgres:
     return BatchInsertPostgres(
-        HostSample, ["seq", "ts", "resolution_s", *HOST_FIELDS],
-        StageSample, ["stage", *STAGE_SERIES],
+        HostSample, ["seq", "ts", *HOST_FIELDS], StageSample, ["stage", *STAGE_SERIES], Host
     )  # fmt: skip
 
 
@@ -84,20 +83,29 @@ def _batch_insert_postgres() -> BatchInsertPostgres:
 def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
     """Store a validated batch, all or nothing; samples already stored are acknowledged, not
     stored again (a concurrent copy of the same batch included: the database skips what the
-    other stored first). On PostgreSQL the samples and stage rows go in with one statement;
-    ``generic`` takes the multi-row INSERTs every database runs (for the benchmark)."""
+    other stored first). On PostgreSQL the samples, their stage rows and the host's update are
+    one statement (inserts.BatchInsertPostgres); ``generic`` takes the multi-row INSERTs and
+    ORM update every database runs (SQLite; the benchmark's comparison)."""
     # Few round trips on purpose: a fleet posts hundreds of batches a second. The samples go
-    # in with one INSERT that skips sequence numbers already stored; only when it skipped
+    # in with an INSERT that skips sequence numbers already stored; only when it skipped
     # some (a resent batch: rare) are those read back, to tell a resend from a reuse.
     samples = batch["samples"]
-    if connection.vendor == "postgresql" and not generic:
-        # One statement for the samples and their stage rows (inserts.BatchInsertPostgres).
+    status = batch["allocation_status"]
+    if status and ((status["applied_version"] or 0) > host.applied_version or status["refused"]):
+        # Rare (once per new allocation): lock the host so concurrent reports apply in order.
+        record_allocation_status(Host.objects.select_for_update().get(pk=host.pk), status)
+    lean = connection.vendor == "postgresql" and not generic
+    if lean:
+        # The samples, their stage rows and the host's update in one statement.
         inserted = dict(
             (seq, pk)
             for pk, seq in _batch_insert_postgres().run(
                 host.pk,
-                [{"resolution_s": 1, **s} for s in samples],
-                [{"seq": s["seq"], **stage} for s in samples for stage in s["stages"]],
+                samples,
+                now=timezone.now(),
+                status=Host.Status.ONLINE,
+                applied_version=status["applied_version"] if status else None,
+                dropped=batch["dropped_samples"],
             )
         )
     else:
@@ -123,7 +131,7 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
                     f"sequence number {sample['seq']} was already used by this host for a "
                     f"sample at ts={previous_ts}; sequence numbers must never be reused"
                 )
-    if connection.vendor != "postgresql" or generic:
+    if not lean:
         _inserts()[1].run(
             {"sample_id": inserted[s["seq"]], "host_id": host.pk, "ts": s["ts"], **stage}
             for s in fresh
@@ -136,10 +144,24 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
     ]
     if rank_rows:  # multi-rank hosts only: each rank's trainer (DDP waits for the slowest)
         RankSample.objects.bulk_create(rank_rows)
-    status = batch["allocation_status"]
-    if status and ((status["applied_version"] or 0) > host.applied_version or status["refused"]):
-        # Rare (once per new allocation): lock the host so concurrent reports apply in order.
-        record_allocation_status(Host.objects.select_for_update().get(pk=host.pk), status)
+    if batch["dropped_samples"]:
+        log.warning(
+            "host %s dropped %s samples while the control plane was away",
+            host.pk,
+            batch["dropped_samples"],
+        )
+    if not lean:
+        _update_host(host, batch)
+    return {
+        "stored": len(fresh),
+        "duplicates": len(samples) - len(fresh),
+        "latest_allocation_version": host.allocation_version,
+    }
+
+
+def _update_host(host: Host, batch: dict) -> None:
+    """The host's update after a batch (the generic path; the lean one does it in SQL)."""
+    samples, status = batch["samples"], batch["allocation_status"]
     updates = {"last_seen": timezone.now(), "status": Host.Status.ONLINE}
     if samples:
         updates["last_seq"] = Greatest(
@@ -151,17 +173,7 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
         )
     if batch["dropped_samples"]:
         updates["dropped_samples"] = F("dropped_samples") + batch["dropped_samples"]
-        log.warning(
-            "host %s dropped %s samples while the control plane was away",
-            host.pk,
-            batch["dropped_samples"],
-        )
     Host.objects.filter(pk=host.pk).update(**updates)
-    return {
-        "stored": len(fresh),
-        "duplicates": len(samples) - len(fresh),
-        "latest_allocation_version": host.allocation_version,
-    }
 
 
 def memory_mb_per_worker(host: Host) -> dict[str, float]:
