@@ -135,3 +135,46 @@ def test_held_long_polls_cost_no_thread_and_are_all_answered_by_one_publish(stac
     assert result["b_pending"] == OTHER
     assert [r.status_code for r in result["b"]] == [204] * OTHER
     assert result["b_elapsed"] >= 7.5
+
+
+def test_a_stopping_worker_answers_its_held_polls_at_once(stack):
+    """SIGTERM to the web worker (gunicorn replacing it, or the service stopping): its held
+    long-polls answer 204 at once instead of holding the worker for their whole wait, and the
+    agents re-arm on the worker gunicorn starts in its place."""
+    operator = stack.create_user("stop-operator", role="operator")
+    _, host, token = stack.register_job_and_host(
+        operator["token"],
+        {"name": "stopping", "stages": [{"name": "read"}], "tuner": "static",
+         "decision_interval_s": 5},
+        {"name": "stopping-host", "cpus": 4, "memory_mb": 8192},
+    )  # fmt: skip
+    worker = web_worker(stack)
+    headers = {"Authorization": f"Agent {token}"}
+    current = httpx.get(f"{stack.url}/api/v1/hosts/{host}/allocation/", headers=headers, timeout=10)
+    after = current.json()["version"] if current.status_code == 200 else 0
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
+            polls = [
+                asyncio.create_task(client.get(f"/api/v1/hosts/{host}/allocation/",
+                                               params={"after": after, "wait": 50},
+                                               headers=headers))
+                for _ in range(20)
+            ]  # fmt: skip
+            await asyncio.sleep(2)
+            assert not any(p.done() for p in polls)
+            signalled = time.monotonic()
+            worker.terminate()
+            answers = await asyncio.gather(*polls)
+            return answers, time.monotonic() - signalled
+
+    answers, took = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [204] * 20
+    assert took < 10, f"held polls answered {took:.1f} s after SIGTERM; their wait was 50 s"
+    replacement = wait_until(
+        lambda: [p for p in psutil.Process(stack.group.children["web"].pid).children()
+                 if p.pid != worker.pid],
+        30, what="gunicorn's replacement worker",
+    )  # fmt: skip
+    assert replacement
+    stack.wait_healthy()
