@@ -68,8 +68,9 @@ def memory_run(tier: str, held: int) -> dict:
                 headers = {"Authorization": f"Agent {host['agent_token']}"}
                 url = f"/api/v1/hosts/{host['id']}/allocation/"
                 # Warm: the thread pool and the database pool at their working size.
-                await asyncio.gather(*(c.get(url, headers=headers) for _ in range(32)))
-                await asyncio.sleep(1)
+                for _ in range(3):
+                    await asyncio.gather(*(c.get(url, headers=headers) for _ in range(64)))
+                await asyncio.sleep(3)
                 before = {"uss": worker.memory_full_info().uss, "threads": worker.num_threads()}
                 tasks = [
                     asyncio.create_task(c.get(url, params={"after": 99, "wait": 40},
