@@ -25,6 +25,22 @@ import httpx
 
 from agents.budget import cpu_slots
 
+SHAPES = ("spread", "in-step")
+WEB_TIERS = ("uvicorn", "gthread")
+
+
+def web_argv(tier: str, python: str, bin_dir: str, threads: int) -> list[str] | None:
+    """The web service's argv for ``tier``: None for the shipped one (uvicorn workers,
+    webapp/stack/services.py); "gthread" is the former tier (gthread workers, a thread per
+    held long-poll, ``threads`` a process), kept here to compare with."""
+    if tier == "uvicorn":
+        return None
+    from webapp.stack.services import command
+
+    argv = command("web", python, bin_dir)
+    argv[-1] = "webapp.wsgi:application"
+    return argv[:-1] + ["-k", "gthread", "--threads", str(threads), argv[-1]]
+
 
 def _sample(seq: int, stages: list[str], version: int) -> dict:
     throughput = random.uniform(5_000, 50_000)
@@ -70,13 +86,15 @@ async def _agent(
     deadline: float,
     stats: dict,
     batch_seconds: int,
+    in_step: bool = False,
 ) -> None:
-    """One simulated agent: a sample every second, shipped every ``batch_seconds`` seconds."""
+    """One simulated agent: a sample every second, shipped every ``batch_seconds`` seconds;
+    the agents start spread over the batch period, or all at once (``in_step``)."""
     headers = {"Authorization": f"Agent {host['agent_token']}"}
     seq = 0
     version = 1
-    # Spread the agents over the batch period, as real hosts are.
-    await asyncio.sleep(random.uniform(0, batch_seconds))
+    if not in_step:
+        await asyncio.sleep(random.uniform(0, batch_seconds))
     next_at = time.monotonic()
     while time.monotonic() < deadline:
         samples = []
@@ -105,18 +123,19 @@ async def _agent(
 
 
 async def _long_poll(
-    client: httpx.AsyncClient, host: dict, deadline: float, spread_s: float
+    client: httpx.AsyncClient, host: dict, deadline: float, spread_s: float, wait_s: float
 ) -> None:
+    """The agent's allocation long-poll, re-armed as soon as it returns; started at a random
+    moment within ``spread_s`` (0: all agents at once, in step)."""
     headers = {"Authorization": f"Agent {host['agent_token']}"}
-    # Agents of a fleet start at different moments, not all in the same millisecond.
     await asyncio.sleep(random.uniform(0, spread_s))
     while time.monotonic() < deadline:
         try:
             await client.get(
                 f"/api/v1/hosts/{host['id']}/allocation/",
-                params={"after": 1, "wait": 20},
+                params={"after": 1, "wait": wait_s},
                 headers=headers,
-                timeout=30,
+                timeout=wait_s + 30,
             )
         except httpx.HTTPError:
             await asyncio.sleep(1)
@@ -130,6 +149,8 @@ def _run_agents(
     long_poll: bool,
     batch_seconds: int,
     queue,
+    in_step: bool = False,
+    long_poll_wait: float = 20,
 ) -> None:
     async def main():
         stats = {"sent": 0, "acknowledged": 0, "latencies": [], "errors": []}
@@ -140,12 +161,13 @@ def _run_agents(
         try:
             deadline = time.monotonic() + seconds
             tasks = [
-                _agent(c, h, stages, deadline, stats, batch_seconds)
+                _agent(c, h, stages, deadline, stats, batch_seconds, in_step)
                 for c, h in zip(clients, hosts, strict=True)
             ]
             if long_poll:
+                spread = 0.0 if in_step else batch_seconds
                 tasks += [
-                    _long_poll(c, h, deadline, batch_seconds)
+                    _long_poll(c, h, deadline, spread, long_poll_wait)
                     for c, h in zip(clients, hosts, strict=True)
                 ]
             await asyncio.gather(*tasks)
@@ -187,19 +209,36 @@ def run(
     processes: int,
     long_poll: bool = True,
     batch_seconds: int = 1,
+    shape: str = "spread",
+    long_poll_wait: float = 20,
 ) -> dict:
     """Run the load and return its figures (``stored`` is counted from the server's answers).
 
     Every agent takes a sample a second; ``batch_seconds`` is how often it ships them (the real
-    agent's default is 5; 1 is the harshest case, a request per sample)."""
+    agent's default is 5; 1 is the harshest case, a request per sample). ``shape``: "spread",
+    agents start at random moments over the batch period; "in-step", all at the same moment,
+    each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     stage_names = [f"stage{i}" for i in range(stages)]
     job_id, hosts = register(url, api_token, agents, stage_names)
     queue = mp.get_context("spawn").Queue()
     groups = [hosts[i::processes] for i in range(processes)]
     workers = [
         mp.get_context("spawn").Process(
-            target=_run_agents, args=(url, g, stage_names, seconds, long_poll, batch_seconds, queue)
-        )
+            target=_run_agents,
+            args=(
+                url,
+                g,
+                stage_names,
+                seconds,
+                long_poll,
+                batch_seconds,
+                queue,
+                shape == "in-step",
+                long_poll_wait,
+            ),
+        )  # fmt: skip
         for g in groups
         if g
     ]
@@ -225,6 +264,8 @@ def run(
         "agents": agents,
         "stages": stages,
         "batch_seconds": batch_seconds,
+        "shape": shape,
+        "long_poll_wait_s": long_poll_wait if long_poll else None,
         "seconds": round(elapsed, 1),
         "job_id": job_id,
         "host_ids": [h["id"] for h in hosts],
@@ -243,6 +284,24 @@ def run(
         "errors": len(errors),
         "first_errors": errors[:5],
     }
+
+
+def live_stack(tier: str, agents: int, processes: int = 2):
+    """A live stack (not started) whose web service runs ``tier``."""
+    import tempfile
+
+    from tests.support.live_stack import LiveStack
+
+    stack = LiveStack(
+        Path(tempfile.mkdtemp(prefix="intune-load-")),
+        extra_env={
+            "WEB_CONCURRENCY": str(processes),
+            "INTUNE_AGENT_RATE": "100000/min",
+            "INTUNE_ACCESS_LOG": "",
+        },
+    )
+    stack.web_argv = web_argv(tier, stack.python, stack.bin_dir, max(64, agents + 32))
+    return stack
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +327,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-long-poll", action="store_true", help="do not hold allocation long-polls"
     )
+    parser.add_argument(
+        "--shape", choices=SHAPES, default="spread",
+        help="spread: agents start at random moments over the batch period; in-step: all at "
+        "once, each re-arming its long-poll as soon as it returns (default spread)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--long-poll-wait", type=float, default=20, help="seconds a long-poll asks to be held"
+    )
+    parser.add_argument(
+        "--web-tier", choices=WEB_TIERS, default="uvicorn",
+        help="of the stack started here: uvicorn (shipped) or gthread (the former tier)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     if not 1 <= args.agents <= 2000 or not 1 <= args.seconds <= 3600:
@@ -275,19 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = None
     url, token = args.url, args.api_token
     if url is None:
-        import tempfile
-
-        from tests.support.live_stack import LiveStack
-
-        stack = LiveStack(
-            Path(tempfile.mkdtemp(prefix="intune-load-")),
-            extra_env={
-                "WEB_CONCURRENCY": "2",
-                "INTUNE_WEB_THREADS": str(max(64, args.agents + 32)),
-                "INTUNE_AGENT_RATE": "100000/min",
-                "INTUNE_ACCESS_LOG": "",
-            },
-        )
+        stack = live_stack(args.web_tier, args.agents)
         stack.start()
         url, token = stack.url, stack.create_user("load-operator", role="operator")["token"]
     try:
@@ -300,7 +359,10 @@ def main(argv: list[str] | None = None) -> int:
             processes=args.processes,
             long_poll=not args.no_long_poll,
             batch_seconds=args.batch_seconds,
+            shape=args.shape,
+            long_poll_wait=args.long_poll_wait,
         )
+        figures["web_tier"] = args.web_tier if stack is not None else "given by --url"
         if stack is not None:
             figures["samples_stored"] = stack.stored_samples(figures["job_id"])
     finally:

@@ -1,7 +1,8 @@
 """gunicorn settings for the web service, the same in the demo, the tests and docker-compose.
 
-Threads, not only processes: an agent's allocation long-poll holds a thread while it waits
-on Redis pub/sub, so each process serves many agents at once.
+uvicorn workers serving webapp.asgi: an agent's held allocation long-poll is a future on the
+worker's event loop, not a thread (webapp/agent_asgi.py); Django's work runs on a small thread
+pool of ``INTUNE_WEB_THREADS`` per process.
 """
 
 import os
@@ -12,11 +13,10 @@ from webapp.settings import VAR_DIR
 
 bind = os.getenv("INTUNE_BIND", "127.0.0.1:8000")
 workers = envint("WEB_CONCURRENCY", 2)
-worker_class = "gthread"
-# Each agent holds one long-poll, so a process needs a thread per agent it serves, and more for
-# the batches: with 2 processes the default serves a fleet of about 400 hosts. A waiting thread
-# costs memory for its stack, no CPU; the pool starts threads only as they are needed.
-threads = envint("INTUNE_WEB_THREADS", 256)
+worker_class = "uvicorn_worker.UvicornWorker"
+# Threads per process for Django's work (agents' batches, the allocation view's checks): held
+# long-polls take none, so a few suffice; each borrows a database connection while it works.
+threads = envint("INTUNE_WEB_THREADS", 8)
 timeout = 120
 graceful_timeout = 10
 keepalive = 30

@@ -67,6 +67,8 @@ class LiveStack:
         self.env: dict[str, str] = {}
         self.python = sys.executable
         self.bin_dir = str(Path(sys.executable).parent)
+        # Another web command than the shipped one (benchmarks compare the former tier).
+        self.web_argv: list[str] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "LiveStack":
@@ -92,7 +94,10 @@ class LiveStack:
             | self.extra_env
         )
         self.manage("migrate", "--noinput")
-        self.start_service("web")
+        if self.web_argv:
+            self.group.start("web", self.web_argv, self.env, cwd=ROOT)
+        else:
+            self.start_service("web")
         self.start_service("worker")
         if self.beat:
             self.start_service("beat")

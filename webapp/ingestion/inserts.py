@@ -12,6 +12,7 @@ PostgreSQL and SQLite (3.35+) both run; values still go through each field's own
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -73,3 +74,84 @@ class MultiRowInsert:
                 if self.returns:
                     returned += cursor.fetchall()
         return returned
+
+
+class BatchInsertPostgres:
+    """A whole batch in ONE PostgreSQL statement: its samples, their stage rows and the host's
+    update, from the validated batch sent as one JSON parameter.
+
+    - the samples: ``json_to_recordset`` of the batch, ``INSERT ... ON CONFLICT (host_id, seq)
+      DO NOTHING``, so that two requests storing one sequence number at once store it once;
+    - their stage rows: joined to the sample ids that INSERT returned (a skipped duplicate's
+      stage rows are skipped with it);
+    - the host: last_seen, status, last_seq, applied_version and dropped_samples, as the ORM
+      update of the generic path sets them (``GREATEST`` ignores a NULL, as ``Coalesce`` did).
+
+    Returns ``(id, seq)`` of the samples inserted. One round trip, a statement text that is the
+    same for every batch, and values serialized by ``json.dumps`` (validation has already made
+    them plain numbers and strings) instead of field by field.
+    """
+
+    def __init__(
+        self,
+        sample_model: type[Model],
+        sample_columns: Sequence[str],
+        stage_model: type[Model],
+        stage_columns: Sequence[str],
+        host_model: type[Model],
+    ) -> None:
+        q = connection.ops.quote_name
+        sample_fields = {f.attname: f for f in sample_model._meta.concrete_fields}
+        stage_fields = {f.attname: f for f in stage_model._meta.concrete_fields}
+
+        def record(fields: dict, columns: Sequence[str]) -> str:
+            return ", ".join(f"{q(c)} {fields[c].db_type(connection)}" for c in columns)
+
+        cols = ", ".join(q(c) for c in sample_columns)
+        stage_cols = ", ".join(q(c) for c in stage_columns)
+        self.sql = (
+            f"WITH s AS (SELECT * FROM json_to_recordset(%(samples)s::json) AS s("
+            f"{record(sample_fields, sample_columns)}, {q('stages')} json)), "
+            f"new AS (INSERT INTO {q(sample_model._meta.db_table)} "
+            f"({q('host_id')}, {q('resolution_s')}, {cols}) "
+            f"SELECT %(host)s, 1, {cols} FROM s "
+            f"ON CONFLICT ({q('host_id')}, {q('seq')}) DO NOTHING "
+            f"RETURNING {q('id')}, {q('seq')}, {q('ts')}), "
+            f"stages AS (INSERT INTO {q(stage_model._meta.db_table)} "
+            f"({q('sample_id')}, {q('host_id')}, {q('ts')}, {stage_cols}) "
+            f"SELECT new.{q('id')}, %(host)s, new.{q('ts')}, "
+            + ", ".join(f"st.{q(c)}" for c in stage_columns)
+            + f" FROM new JOIN s ON s.{q('seq')} = new.{q('seq')}, "
+            f"json_to_recordset(s.{q('stages')}) AS st({record(stage_fields, stage_columns)})), "
+            f"host AS (UPDATE {q(host_model._meta.db_table)} SET "
+            f"{q('last_seen')} = %(now)s, {q('status')} = %(status)s, "
+            f"{q('last_seq')} = GREATEST({q('last_seq')}, %(max_seq)s::bigint), "
+            f"{q('applied_version')} = GREATEST({q('applied_version')}, %(applied)s::integer), "
+            f"{q('dropped_samples')} = {q('dropped_samples')} + %(dropped)s::bigint "
+            f"WHERE {q('id')} = %(host)s) "
+            f"SELECT {q('id')}, {q('seq')} FROM new"
+        )
+
+    def run(
+        self,
+        host_id: int,
+        samples: Sequence[Mapping[str, Any]],
+        *,
+        now,
+        status: str,
+        applied_version: int | None,
+        dropped: int,
+    ) -> list[tuple]:
+        """Store validated ``samples`` (each with its ``stages``) of one host and update it."""
+        params = {
+            "samples": json.dumps(samples, separators=(",", ":"), allow_nan=False),
+            "host": host_id,
+            "now": now,
+            "status": status,
+            "max_seq": max((s["seq"] for s in samples), default=None),
+            "applied": applied_version,
+            "dropped": dropped,
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            return cursor.fetchall()

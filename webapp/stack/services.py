@@ -3,7 +3,7 @@ docker-compose.yml (a test checks that the compose file runs exactly these)."""
 
 SERVICE_COMMANDS: dict[str, list[str]] = {
     "migrate": ["python", "manage.py", "migrate", "--noinput"],
-    "web": ["gunicorn", "-c", "webapp/gunicorn_conf.py", "webapp.wsgi:application"],
+    "web": ["gunicorn", "-c", "webapp/gunicorn_conf.py", "webapp.asgi:application"],
     "worker": [
         "celery",
         "-A",

@@ -1,12 +1,14 @@
 from django.conf import settings
-from django.db import connection
+from django.db import close_old_connections, connection
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from webapp import pubsub
+from webapp.agent_asgi import HOLD_KEY
 from webapp.jobs.models import Host
 from webapp.jobs.services import latest_allocation
 from webapp.metrics.instruments import held_long_poll
@@ -55,21 +57,30 @@ class HostAllocationView(APIView):
         max_wait = settings.INTUNE["LONG_POLL_MAX_WAIT_S"]
         wait = self._float_param(request, "wait", 0.0, 0.0, max_wait)
 
-        def current_version() -> int:
-            try:
-                return (
-                    Host.objects.filter(pk=host.pk)
-                    .values_list("allocation_version", flat=True)
-                    .first()
-                    or 0
-                )
-            finally:
-                # Give the database connection back at once: this thread may now wait on Redis
-                # for up to a minute, and hundreds of agents hold such a wait at any moment.
-                connection.close()
-
-        version = current_version()
+        version = Host.objects.filter(pk=host.pk).values_list("allocation_version", flat=True)
+        version = version.first() or 0
         if version <= after and wait > 0:
+            hold = request.META.get(HOLD_KEY)
+            if hold is not None:
+                # Served by webapp/agent_asgi.py: the wait is held on its event loop, not in
+                # this thread; it answers when a newer version is published or wait runs out.
+                hold.update(host_id=host.pk, after=after, wait=wait)
+                return Response(status=status.HTTP_204_NO_CONTENT)
+
+            def current_version() -> int:
+                try:
+                    return (
+                        Host.objects.filter(pk=host.pk)
+                        .values_list("allocation_version", flat=True)
+                        .first()
+                        or 0
+                    )
+                finally:
+                    # Give the database connection back at once: this thread may now wait on
+                    # Redis for up to a minute.
+                    connection.close()
+
+            connection.close()
             with held_long_poll():
                 version = pubsub.wait_for_newer_version(host.pk, after, wait, current_version)
         if version <= after:
@@ -103,3 +114,16 @@ class HostAllocationView(APIView):
                 {name: f"must be between {low:g} and {high:g} seconds, got {raw}"}
             )
         return value
+
+
+def render_newer_allocation(host_id: int, after: int) -> bytes | None:
+    """The JSON body a long-poll answers with when the host has a version newer than ``after``
+    (as the view renders it), else None. For webapp/agent_asgi.py, in its thread pool."""
+    close_old_connections()
+    try:
+        host = Host.objects.filter(pk=host_id).first()
+        if host is None or host.allocation_version <= after:
+            return None
+        return JSONRenderer().render(AllocationSerializer(latest_allocation(host)).data)
+    finally:
+        close_old_connections()

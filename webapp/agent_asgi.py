@@ -1,0 +1,319 @@
+"""The ASGI application in front of Django: agents' endpoints on a thread pool of its own, their
+allocation long-polls held on the event loop, everything else to Django's ASGI handler.
+
+Why: a fleet holds one allocation long-poll per agent at every moment. Held in a thread each (as
+under gunicorn's gthread worker) they starve the threads the batches need when a fleet re-arms
+its long-polls in step. Here a held long-poll is an asyncio future and the coroutine of its
+connection (about 12 KB, no thread):
+
+- ``POST /api/v1/hosts/{id}/metrics/`` and ``GET /api/v1/hosts/{id}/allocation/`` run Django's
+  own views (the same token check, validation, throttle and errors as docs/agent-protocol.md
+  documents) on a small pool of threads, ``INTUNE_WEB_THREADS`` per process.
+- When the allocation view finds nothing newer than ``after`` and the agent asked to ``wait``,
+  it hands the wait back here (``HOLD_KEY`` in the WSGI environ) instead of blocking a thread.
+  The wait is a future that ONE Redis pattern subscription per process wakes when a version of
+  that host is published (webapp/pubsub.py publishes); the database is read again only then.
+- On SIGTERM (gunicorn stopping or replacing a worker) every held long-poll answers 204 at once,
+  as a timed-out one does, and the agents re-arm on another process.
+- A request line over 4,094 bytes is answered 414 here, as gunicorn's own limit did.
+"""
+
+import asyncio
+import io
+import logging
+import re
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import redis
+import redis.asyncio
+from django.conf import settings
+from django.core.handlers.wsgi import WSGIHandler
+
+from webapp.env import envint
+from webapp.metrics.instruments import held_long_poll
+
+log = logging.getLogger(__name__)
+
+AGENT_PATH = re.compile(r"^/api/v1/hosts/([0-9]+)/(allocation|metrics)/$")
+HOLD_KEY = "intune.hold"
+# gunicorn's limit_request_line: the longest request line (method, URL, version) it reads.
+MAX_REQUEST_LINE = 4094
+# While the Redis subscription is down, a held long-poll re-reads the database this often, so
+# that a version published meanwhile reaches the agent without waiting out its whole period.
+DEGRADED_RECHECK_S = 5.0
+
+
+class AllocationWaker:
+    """Futures of held long-polls by host id, woken by one Redis pattern subscription."""
+
+    def __init__(self) -> None:
+        self.waiters: dict[int, set[asyncio.Future]] = {}
+        self.connected = False
+        self.closing = False
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start the subscription on the running loop (once)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._listen())
+
+    async def stop(self) -> None:
+        self.closing = True
+        self.wake_all()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
+                pass
+            self._task = None
+
+    def register(self, host_id: int) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self.waiters.setdefault(host_id, set()).add(future)
+        return future
+
+    def discard(self, host_id: int, future: asyncio.Future) -> None:
+        futures = self.waiters.get(host_id)
+        if futures is not None:
+            futures.discard(future)
+            if not futures:
+                del self.waiters[host_id]
+
+    def wake(self, host_id: int) -> None:
+        for future in self.waiters.pop(host_id, ()):
+            if not future.done():
+                future.set_result(True)
+
+    def wake_all(self) -> None:
+        for host_id in list(self.waiters):
+            self.wake(host_id)
+
+    async def _listen(self) -> None:
+        pattern = f"{settings.REDIS_KEY_PREFIX}:host:*:allocation"
+        while not self.closing:
+            client = redis.asyncio.Redis.from_url(
+                settings.REDIS_CLIENT_URL, socket_connect_timeout=2, health_check_interval=30
+            )
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.psubscribe(pattern)
+                self.connected = True
+                # Versions published while the subscription was down were missed: every held
+                # long-poll reads the database again.
+                self.wake_all()
+                while True:
+                    message = await pubsub.get_message(timeout=10.0)
+                    if message is None or message.get("type") != "pmessage":
+                        continue
+                    try:
+                        host_id = int(message["channel"].rsplit(b":", 2)[-2])
+                    except (ValueError, IndexError):
+                        continue
+                    self.wake(host_id)
+            except (redis.RedisError, OSError) as exc:
+                if self.connected:
+                    log.warning(
+                        "allocation subscription lost (%s); held long-polls re-read "
+                        "the database every %g s until it is back",
+                        exc,
+                        DEGRADED_RECHECK_S,
+                    )
+            finally:
+                self.connected = False
+                try:
+                    await pubsub.aclose()
+                    await client.aclose()
+                except (redis.RedisError, OSError):
+                    pass
+            await asyncio.sleep(1.0)
+
+
+def wsgi_environ(scope: dict, body: bytes) -> dict:
+    """The WSGI environ of an ASGI HTTP request whose whole body is ``body``."""
+    server = scope.get("server") or ("localhost", 80)
+    environ = {
+        "REQUEST_METHOD": scope["method"],
+        "SCRIPT_NAME": scope.get("root_path", "").encode().decode("latin-1"),
+        "PATH_INFO": scope["path"].encode().decode("latin-1"),
+        "QUERY_STRING": scope.get("query_string", b"").decode("latin-1"),
+        "SERVER_NAME": str(server[0]),
+        "SERVER_PORT": str(server[1] or 80),
+        "SERVER_PROTOCOL": f"HTTP/{scope.get('http_version', '1.1')}",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scope.get("scheme", "http"),
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+    client = scope.get("client")
+    if client:
+        environ["REMOTE_ADDR"], environ["REMOTE_PORT"] = client[0], str(client[1])
+    for raw_name, raw_value in scope.get("headers", ()):
+        name = raw_name.decode("latin-1").upper().replace("-", "_")
+        value = raw_value.decode("latin-1")
+        if name == "CONTENT_LENGTH":
+            continue  # the body's own length, above
+        key = name if name == "CONTENT_TYPE" else f"HTTP_{name}"
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    return environ
+
+
+class AgentFront:
+    """The ASGI application: see the module's docstring."""
+
+    def __init__(self, django_asgi, threads: int | None = None) -> None:
+        self.django = django_asgi
+        self.wsgi = WSGIHandler()
+        self.pool = ThreadPoolExecutor(
+            max_workers=threads or envint("INTUNE_WEB_THREADS", 8), thread_name_prefix="agent"
+        )
+        self.waker = AllocationWaker()
+        self.max_body = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 2_621_440
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] == "http":
+            line = len(scope["method"]) + len(scope.get("raw_path") or scope["path"].encode())
+            query = scope.get("query_string", b"")
+            line += (len(query) + 1 if query else 0) + len(" HTTP/1.1") + 1
+            if line > MAX_REQUEST_LINE:
+                await self._respond(
+                    send,
+                    414,
+                    b"<html><body><h1>414 Request-URI Too Long</h1></body></html>",
+                    b"text/html",
+                )
+                return
+            match = AGENT_PATH.match(scope["path"])
+            if match and scope["method"] in ("GET", "POST"):
+                self.waker.start()
+                await self._agent(scope, receive, send, int(match.group(1)))
+                return
+        await self.django(scope, receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._chain_signals()
+                self.waker.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.waker.stop()
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _chain_signals(self) -> None:
+        """On SIGTERM/SIGINT, after the server's own handler, answer every held long-poll (the
+        server waits for open requests before it exits, and these would wait their period)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+
+            def handler(signum, frame, previous=previous):
+                if callable(previous):
+                    previous(signum, frame)
+                self.waker.closing = True
+                loop.call_soon_threadsafe(self.waker.wake_all)
+
+            try:
+                signal.signal(sig, handler)
+            except ValueError:  # not the main thread: no signals to chain
+                return
+
+    async def _agent(self, scope, receive, send, host_id: int) -> None:
+        body, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            if size <= self.max_body:  # beyond, Django answers 413 from the length alone
+                body.append(chunk)
+            size += len(chunk)
+            if not message.get("more_body"):
+                break
+        data = b"".join(body)
+        environ = wsgi_environ(scope, data)
+        if size != len(data):
+            environ["CONTENT_LENGTH"] = str(size)
+        hold = environ[HOLD_KEY] = {}
+        loop = asyncio.get_running_loop()
+        # Registered before the view reads the version: a version published after that read
+        # wakes this future, so none is missed between the read and the wait.
+        future = self.waker.register(host_id) if scope["method"] == "GET" else None
+        try:
+            status, headers, content = await loop.run_in_executor(self.pool, self._run, environ)
+            if not hold:
+                await self._send(send, status, headers, content)
+                return
+            with held_long_poll():
+                await self._hold(send, host_id, hold, future)
+        finally:
+            if future is not None:
+                self.waker.discard(host_id, future)
+
+    async def _hold(self, send, host_id: int, hold: dict, future: asyncio.Future) -> None:
+        from webapp.jobs.api.allocation import render_newer_allocation
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + hold["wait"]
+        connected = self.waker.connected
+        while not self.waker.closing:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            if not connected:
+                remaining = min(remaining, DEGRADED_RECHECK_S)
+            await asyncio.wait({future}, timeout=remaining)
+            if self.waker.closing:
+                break
+            self.waker.discard(host_id, future)
+            future = self.waker.register(host_id)
+            connected = self.waker.connected
+            content = await loop.run_in_executor(
+                self.pool, render_newer_allocation, hold["host_id"], hold["after"]
+            )
+            if content is not None:
+                await self._respond(send, 200, content, b"application/json")
+                return
+        self.waker.discard(host_id, future)
+        await self._respond(send, 204, b"", None)
+
+    def _run(self, environ: dict) -> tuple[int, list, bytes]:
+        started = {}
+
+        def start_response(status, headers, exc_info=None):
+            started["status"], started["headers"] = status, headers
+
+        response = self.wsgi(environ, start_response)
+        try:
+            content = b"".join(response)
+        finally:
+            response.close()  # request_finished: the database connection goes back
+        return int(started["status"].split(" ", 1)[0]), started["headers"], content
+
+    @staticmethod
+    async def _send(send, status: int, headers: list, content: bytes) -> None:
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        if status not in (204, 304) and not any(k.lower() == b"content-length" for k, _ in raw):
+            raw.append((b"content-length", str(len(content)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": content})
+
+    @staticmethod
+    async def _respond(send, status: int, content: bytes, content_type: bytes | None) -> None:
+        headers = [] if status == 204 else [(b"content-length", str(len(content)).encode())]
+        if content_type:
+            headers.append((b"content-type", content_type))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
