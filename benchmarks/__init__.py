@@ -13,6 +13,11 @@ Run from the repository root (``make bench`` runs the first):
 - ``python -m benchmarks.io_budget``: the I/O-bound pipeline's best allocation under the old
   and the new worker budget;
 - ``python -m benchmarks.dataloader``: ``agents.torch.DataLoader`` against torch's DataLoader.
+- ``python -m benchmarks.web_tiers``: the uvicorn and gthread web tiers side by side, and the
+  memory per held long-poll; ``python -m benchmarks.ingestion_cpu``: CPU per metrics batch;
+- ``python -m benchmarks.ranks`` and ``python -m benchmarks.rank_balance``: two ranks on one host.
+
+``benchmarks.ingestion_host`` holds what the in-process ingestion benchmarks share.
 
 Figures and the exact commands are in docs/benchmarks.md. The stacks they start come from
 ``tests.support`` (the live stack, the stand-in control plane), which the tests use too.

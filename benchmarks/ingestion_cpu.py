@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-STAGES = [f"stage{i}" for i in range(8)]
+from benchmarks.ingestion_host import batch_maker, register_agent_host, setup_django
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,66 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=40, help="batches a round (default 40)")
     args = parser.parse_args(argv)
 
-    workdir = Path(tempfile.mkdtemp(prefix="intune-ingestion-bench-"))
-    os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
-    os.environ["INTUNE_VAR_DIR"] = str(workdir)
-    os.environ["INTUNE_AGENT_RATE"] = "1000000/s"
-    os.environ["INTUNE_SECURE_COOKIES"] = "False"
-    os.environ.setdefault("INTUNE_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-
-    import django
-
-    django.setup()
+    setup_django(Path(tempfile.mkdtemp(prefix="intune-ingestion-bench-")))
     from django.conf import settings
-    from django.contrib.auth.models import User
-    from django.core.management import call_command
     from django.db import connection
-    from rest_framework.test import APIClient
 
     from webapp.ingestion import services
     from webapp.ingestion.validation import validate_batch
     from webapp.jobs.models import Host, hash_agent_token
-    from webapp.jobs.services import register_host, register_job
     from webapp.permissions import host_by_token_hash
 
-    call_command("migrate", verbosity=0)
-    user = User.objects.create_user(f"bench-{time.time_ns()}")
-    job = register_job(
-        user=user, name=f"bench-{time.time_ns()}", stages=[{"name": s} for s in STAGES]
-    )
-    host, token = register_host(
-        job=job, user=user, name="bench-host", cpus=8, memory_mb=16384, worker_budget=None
-    )
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Agent {token}")
-    url = f"/api/v1/hosts/{host.pk}/metrics/"
-    seq = iter(range(1, 10**9))
+    agent = register_agent_host()
+    client, token, url = agent.client, agent.token, agent.url
+    batch = batch_maker()
     max_samples = settings.INTUNE["MAX_SAMPLES_PER_BATCH"]
-
-    def batch() -> dict:
-        now = time.time()
-        return {
-            "samples": [
-                {
-                    "seq": next(seq),
-                    "ts": now,
-                    "allocation_version": 1,
-                    "host": {"cpus": 8.0, "cpu_percent": 50.0, "per_cpu_percent": [50.0] * 8,
-                             "memory_used_mb": 4096.0, "memory_limit_mb": 16384.0,
-                             "worker_budget": 16},
-                    "trainer": {"throughput": 1000.0, "idle_fraction": 0.2, "step_ms": 8.0,
-                                "wait_ms": 2.0, "device": "cpu"},
-                    "stages": [
-                        {"name": s, "workers": 1, "items_per_s": 1000.0, "busy_fraction": 0.5,
-                         "in_queue": 1, "out_queue": 2, "queue_capacity": 8,
-                         "cpu_percent": 50.0, "rss_mb": 100.0}
-                        for s in STAGES
-                    ],
-                }
-                for _ in range(5)
-            ]
-        }  # fmt: skip
 
     def store(generic: bool) -> None:
         # What HostMetricsView.post does, without DRF's request handling around it.

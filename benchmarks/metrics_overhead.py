@@ -21,7 +21,7 @@ import time
 import timeit
 from pathlib import Path
 
-STAGES = [f"stage{i}" for i in range(8)]
+from benchmarks.ingestion_host import batch_maker, register_agent_host, setup_django
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,61 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.single_process:
         (workdir / "prometheus").mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(workdir / "prometheus")
-    os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
-    os.environ["INTUNE_VAR_DIR"] = str(workdir)
-    os.environ["INTUNE_AGENT_RATE"] = "1000000/s"
-    os.environ["INTUNE_SECURE_COOKIES"] = "False"
-    os.environ.setdefault("INTUNE_LOG_LEVEL", "ERROR")  # no Redis here: publishes only warn
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-
-    import django
-
-    django.setup()
-    from django.contrib.auth.models import User
-    from django.core.management import call_command
-    from rest_framework.test import APIClient
+    setup_django(workdir)
     from rest_framework.views import APIView
 
     from webapp.ingestion.api.views import HostMetricsView
-    from webapp.jobs.services import register_host, register_job
     from webapp.metrics.instruments import held_long_poll, observe_batch
 
-    call_command("migrate", verbosity=0)
-    user = User.objects.create_user(f"bench-{time.time_ns()}")
-    job = register_job(
-        user=user, name=f"bench-{time.time_ns()}", stages=[{"name": s} for s in STAGES]
-    )
-    host, token = register_host(
-        job=job, user=user, name="bench-host", cpus=8, memory_mb=16384, worker_budget=None
-    )
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Agent {token}")
-    url = f"/api/v1/hosts/{host.pk}/metrics/"
-    seq = iter(range(1, 10**9))
-
-    def batch() -> dict:
-        now = time.time()
-        return {
-            "samples": [
-                {
-                    "seq": next(seq),
-                    "ts": now,
-                    "allocation_version": 1,
-                    "host": {"cpus": 8.0, "cpu_percent": 50.0, "per_cpu_percent": [50.0] * 8,
-                             "memory_used_mb": 4096.0, "memory_limit_mb": 16384.0,
-                             "worker_budget": 16},
-                    "trainer": {"throughput": 1000.0, "idle_fraction": 0.2, "step_ms": 8.0,
-                                "wait_ms": 2.0, "device": "cpu"},
-                    "stages": [
-                        {"name": s, "workers": 1, "items_per_s": 1000.0, "busy_fraction": 0.5,
-                         "in_queue": 1, "out_queue": 2, "queue_capacity": 8,
-                         "cpu_percent": 50.0, "rss_mb": 100.0}
-                        for s in STAGES
-                    ],
-                }
-                for _ in range(5)
-            ]
-        }  # fmt: skip
+    agent = register_agent_host()
+    client, url = agent.client, agent.url
+    batch = batch_maker()
 
     instrumented = HostMetricsView.dispatch
     variants = {"with": instrumented, "without": APIView.dispatch}
