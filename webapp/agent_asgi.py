@@ -32,12 +32,12 @@ from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 
 from webapp.env import envint
+from webapp.jobs.api.allocation import HOLD_KEY, render_newer_allocation
 from webapp.metrics.instruments import held_long_poll
 
 log = logging.getLogger(__name__)
 
 AGENT_PATH = re.compile(r"^/api/v1/hosts/([0-9]+)/(allocation|metrics)/$")
-HOLD_KEY = "intune.hold"
 # gunicorn's limit_request_line: the longest request line (method, URL, version) it reads.
 MAX_REQUEST_LINE = 4094
 # While the Redis subscription is down, a held long-poll re-reads the database this often, so
@@ -263,8 +263,6 @@ class AgentFront:
                 self.waker.discard(host_id, future)
 
     async def _hold(self, send, host_id: int, hold: dict, future: asyncio.Future) -> None:
-        from webapp.jobs.api.allocation import render_newer_allocation
-
         loop = asyncio.get_running_loop()
         deadline = loop.time() + hold["wait"]
         connected = self.waker.connected

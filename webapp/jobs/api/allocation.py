@@ -8,7 +8,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from webapp import pubsub
-from webapp.agent_asgi import HOLD_KEY
 from webapp.jobs.models import Host
 from webapp.jobs.services import latest_allocation
 from webapp.metrics.instruments import held_long_poll
@@ -18,6 +17,9 @@ from webapp.throttles import AgentRateThrottle
 from .serializers import AllocationSerializer
 
 MAX_VERSION = 2**31 - 1  # allocation versions are 32-bit in the database
+# Where an asynchronous front (webapp/agent_asgi.py) offers, in the request's WSGI environ, to
+# hold a long-poll's wait on its event loop: the view then fills it in instead of blocking.
+HOLD_KEY = "intune.hold"
 
 
 class HostAllocationView(APIView):
