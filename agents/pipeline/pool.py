@@ -428,9 +428,9 @@ class StagePool:
 
     def totals(self) -> tuple[float, float]:
         """Items produced and busy seconds, summed over every worker this stage ever had."""
-        items = sum(self.counters[s * WIDTH + ITEMS] for s in range(self.slots))
-        busy = sum(self.counters[s * WIDTH + BUSY_S] for s in range(self.slots))
-        return items, busy
+        # Strided slices of the shared array are copied in C: the agent asks every second.
+        end = self.slots * WIDTH
+        return sum(self.counters[ITEMS:end:WIDTH]), sum(self.counters[BUSY_S:end:WIDTH])
 
     def _account(self) -> None:
         now = time.monotonic()
