@@ -15,7 +15,8 @@ Run from the repository root (``make bench`` runs the first):
 - ``python -m benchmarks.dataloader``: ``agents.torch.DataLoader`` against torch's DataLoader.
 - ``python -m benchmarks.web_tiers``: the uvicorn and gthread web tiers side by side, and the
   memory per held long-poll; ``python -m benchmarks.ingestion_cpu``: CPU per metrics batch;
-- ``python -m benchmarks.ranks`` and ``python -m benchmarks.rank_balance``: two ranks on one host.
+- ``python -m benchmarks.ranks`` and ``python -m benchmarks.rank_balance``: two ranks on one host;
+- ``python -m benchmarks.sampling``: what one agent sample of a running pipeline costs.
 
 ``benchmarks.ingestion_host`` holds what the in-process ingestion benchmarks share.
 
