@@ -122,9 +122,9 @@ class Pipeline:
         self._reset_consumer_counters(time.monotonic())
         self._metrics_at = time.monotonic()
         self._last_totals: dict[str, tuple[float, float, float]] = {}
-        self._cpu_seen: dict[tuple[str, int], float] = {}
-        # Per stage: each worker's run-queue delay at the last call, to take differences.
-        self._runqueue_seen: dict[str, dict[tuple[str, int], float]] = {}
+        # Per stage: each worker's (CPU seconds, run-queue seconds) at the last call, to take
+        # differences; a worker seen for the first time started from zero.
+        self._usage_seen: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._ended = False
@@ -451,8 +451,7 @@ class Pipeline:
                 self._last_totals[stage.name] = (items, busy, worker_s)
                 span = worker_s - last_worker_s
                 busy_fraction = (busy - last_busy) / span if span > 0 else 0.0
-                cpu_s, rss = self._stage_cpu_and_rss(pool, thread_cpu)
-                runqueue_s = self._stage_runqueue(pool)
+                cpu_s, runqueue_s, rss = self._stage_usage(pool, thread_cpu)
                 rows.append(
                     {
                         "name": stage.name,
@@ -483,10 +482,18 @@ class Pipeline:
             "rss_mb": 0.0,
         }
 
-    def _stage_cpu_and_rss(self, pool: StagePool, thread_cpu: dict[int, float]) -> tuple:
-        """CPU seconds the stage used since the last call, and its resident memory now."""
-        cpu_s, rss = 0.0, 0.0
-        current: dict[tuple[str, int], float] = {}
+    def _stage_usage(self, pool: StagePool, thread_cpu: dict[int, float]) -> tuple:
+        """CPU seconds the stage's workers used since the last call, seconds they spent runnable
+        but waiting for a CPU (:mod:`agents.pipeline.schedstat`; 0 where the kernel does not
+        say), and the stage's resident memory now."""
+        rss = 0.0
+        seen = self._usage_seen.get(pool.stage.name, {})
+        current: dict[tuple[str, int], tuple[float, float]] = {}
+
+        def runqueue(key: tuple[str, int], seconds: float | None) -> float:
+            # Not said this time: no growth, rather than all of it at the next reading.
+            return seen.get(key, (0.0, 0.0))[1] if seconds is None else seconds
+
         if pool.stage.kind == "process":
             for process in pool.processes():
                 try:
@@ -494,36 +501,22 @@ class Pipeline:
                     rss += process.memory_info().rss
                 except psutil.Error:
                     continue
-                current[("p", process.pid)] = times.user + times.system
+                key = ("p", process.pid)
+                delay = runqueue(key, process_runqueue_seconds(process.pid))
+                current[key] = (times.user + times.system, delay)
         else:
             for tid in pool.thread_ids():
                 if tid in thread_cpu:
-                    current[("t", tid)] = thread_cpu[tid]
-        for key, total in current.items():
-            # A worker seen for the first time started from zero CPU time.
-            cpu_s += total - self._cpu_seen.get(key, 0.0)
-        self._cpu_seen.update(current)
-        return max(cpu_s, 0.0), rss
-
-    def _stage_runqueue(self, pool: StagePool) -> float:
-        """Seconds the stage's workers spent runnable but waiting for a CPU since the last call
-        (:mod:`agents.pipeline.schedstat`; 0 where the kernel does not say)."""
-        current: dict[tuple[str, int], float] = {}
-        if pool.stage.kind == "process":
-            for process in pool.processes():
-                seconds = process_runqueue_seconds(process.pid)
-                if seconds is not None:
-                    current[("p", process.pid)] = seconds
-        else:
-            for tid in pool.thread_ids():
-                seconds = thread_runqueue_seconds(tid)
-                if seconds is not None:
-                    current[("t", tid)] = seconds
-        # A worker seen for the first time started with no delay; one gone takes its own along.
-        seen = self._runqueue_seen.get(pool.stage.name, {})
-        delay = sum(total - seen.get(key, 0.0) for key, total in current.items())
-        self._runqueue_seen[pool.stage.name] = current
-        return max(delay, 0.0)
+                    key = ("t", tid)
+                    current[key] = (thread_cpu[tid], runqueue(key, thread_runqueue_seconds(tid)))
+        # A worker gone since the last call takes its own along.
+        self._usage_seen[pool.stage.name] = current
+        cpu_s = runqueue_s = 0.0
+        for key, (cpu, runqueue) in current.items():
+            cpu_before, runqueue_before = seen.get(key, (0.0, 0.0))
+            cpu_s += cpu - cpu_before
+            runqueue_s += runqueue - runqueue_before
+        return max(cpu_s, 0.0), max(runqueue_s, 0.0), rss
 
     @staticmethod
     def _thread_cpu_times() -> dict[int, float]:
