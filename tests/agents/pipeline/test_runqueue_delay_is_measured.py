@@ -25,8 +25,9 @@ pytestmark = pytest.mark.skipif(
 CORE = sorted(os.sched_getaffinity(0))[-1]
 
 
-def _spin_on(core: int) -> None:
+def _spin_on(core: int, pinned) -> None:
     os.sched_setaffinity(0, {core})
+    pinned.set()
     while True:
         pass
 
@@ -46,11 +47,18 @@ class PinnedSpin:
 
 @pytest.fixture
 def contended_core():
-    """Two processes spinning on ``CORE`` for the length of a test."""
+    """Two processes spinning on ``CORE`` for the length of a test, both spinning before it
+    starts: a spawned interpreter can take seconds to start on a loaded host, and a measurement
+    taken while only one of them spins sees the worker get half the core, not a third."""
     context = multiprocessing.get_context("spawn")
-    burners = [context.Process(target=_spin_on, args=(CORE,), daemon=True) for _ in range(2)]
+    pinned = [context.Event() for _ in range(2)]
+    burners = [
+        context.Process(target=_spin_on, args=(CORE, event), daemon=True) for event in pinned
+    ]
     for burner in burners:
         burner.start()
+    for event in pinned:
+        assert event.wait(60), "a spinning process did not start within 60 s"
     yield CORE
     for burner in burners:
         burner.kill()
