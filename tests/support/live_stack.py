@@ -2,10 +2,12 @@
 soak runs. Uses REDIS_URL / DATABASE_URL when set (a fresh PostgreSQL database is created and
 dropped), else the embedded Redis and a SQLite file."""
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -22,24 +24,41 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class FreshDatabase:
     """A database of its own: a new PostgreSQL database when DATABASE_URL names a server,
-    else a SQLite file in ``directory``."""
+    else a SQLite file in ``directory``.
 
-    def __init__(self, directory: Path):
+    ``migrated=True`` gives it every migration applied. On PostgreSQL it is then copied from a
+    template database that is migrated once for all the stacks of every process (``CREATE
+    DATABASE ... TEMPLATE``: a fraction of a second where ``migrate`` takes seconds); the template
+    is named after the migrations' contents, so a changed migration makes a new one."""
+
+    def __init__(self, directory: Path, *, migrated: bool = False):
         self.base_url = os.getenv("DATABASE_URL", "")
         self.directory = directory
+        self.migrated = migrated
         self.name = f"intune_live_{uuid.uuid4().hex[:10]}"
         self.url = ""
+        self.needs_migrate = migrated
+
+    def _postgres(self) -> bool:
+        return self.base_url.startswith(("postgres://", "postgresql://"))
+
+    def _url_of(self, name: str) -> str:
+        return urlunsplit(urlsplit(self.base_url)._replace(path=f"/{name}"))
 
     def create(self) -> str:
-        if self.base_url.startswith(("postgres://", "postgresql://")):
-            import psycopg
-
-            with psycopg.connect(self.base_url, autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{self.name}"')
-            parts = urlsplit(self.base_url)
-            self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
-        else:
+        if not self._postgres():
             self.url = f"sqlite:///{self.directory / 'intune.sqlite3'}"
+            return self.url
+        import psycopg
+
+        template = _migrated_template(self.base_url, self._url_of) if self.migrated else None
+        with psycopg.connect(self.base_url, autocommit=True) as conn:
+            if template is None:
+                conn.execute(f'CREATE DATABASE "{self.name}"')
+            else:
+                _copy_database(conn, template, self.name)
+        self.needs_migrate = self.migrated and template is None
+        self.url = self._url_of(self.name)
         return self.url
 
     def drop(self) -> None:
@@ -48,6 +67,70 @@ class FreshDatabase:
 
             with psycopg.connect(self.base_url, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+TEMPLATE_PREFIX = "intune_live_template_"
+_TEMPLATE_LOCK = 0x1A7E  # a pg_advisory_lock key: one process migrates the template at a time
+
+
+def _migrations_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(ROOT.glob("webapp/*/migrations/*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _migrated_template(base_url: str, url_of) -> str | None:
+    """The name of a database with every migration applied, made here if no process made it
+    yet (older templates are dropped then); None if it cannot be made (the caller migrates)."""
+    import psycopg
+
+    name = TEMPLATE_PREFIX + _migrations_digest()
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
+        try:
+            ready = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s AND datistemplate", (name,)
+            ).fetchone()
+            if ready:
+                return name
+            for (stale,) in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s",
+                (TEMPLATE_PREFIX.replace("_", r"\_") + "%",),
+            ).fetchall():
+                conn.execute(f'ALTER DATABASE "{stale}" IS_TEMPLATE false')
+                conn.execute(f'DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+            env = dict(os.environ) | {"DATABASE_URL": url_of(name)}
+            result = subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput"],
+                env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            if result.returncode != 0:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return None
+            # Marked a template only once migrated: a process that sees it may copy it.
+            conn.execute(f'ALTER DATABASE "{name}" IS_TEMPLATE true')
+            return name
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
+
+
+def _copy_database(conn, template: str, name: str) -> None:
+    """CREATE DATABASE from ``template``; PostgreSQL refuses while another session copies the
+    same template at that instant, so a refusal is tried again, for 30 s at most."""
+    import psycopg
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 class LiveStack:
@@ -60,7 +143,7 @@ class LiveStack:
         self.beat = beat
         self.extra_env = extra_env or {}
         self.group = ProcessGroup(log_dir=self.directory / "logs")
-        self.database = FreshDatabase(self.directory)
+        self.database = FreshDatabase(self.directory, migrated=True)
         self.embedded_redis: EmbeddedRedis | None = None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -93,7 +176,8 @@ class LiveStack:
             }
             | self.extra_env
         )
-        self.manage("migrate", "--noinput")
+        if self.database.needs_migrate:
+            self.manage("migrate", "--noinput")
         if self.web_argv:
             self.group.start("web", self.web_argv, self.env, cwd=ROOT)
         else:
@@ -105,7 +189,7 @@ class LiveStack:
         return self
 
     def stop(self) -> None:
-        self.group.stop_all()
+        self.group.stop_all(together=True)
         if self.embedded_redis is not None:
             self.embedded_redis.stop()
         self.database.drop()

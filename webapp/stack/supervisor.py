@@ -71,9 +71,19 @@ class ProcessGroup:
         """SIGKILL a child's whole tree at once, as a crash would."""
         self.stop(name, sig=signal.SIGKILL, timeout=5)
 
-    def stop_all(self) -> None:
+    def stop_all(self, *, together: bool = False, timeout: float = 15.0) -> None:
+        """Stop every child, the last started first, each within ``timeout``. ``together``
+        signals them all at once and then waits for each (the whole group stops within one
+        ``timeout``, not one per child): for a throwaway stack, where no child needs another
+        to stop cleanly (an agent's last batch needs the web server up; the demo stops in turn)."""
+        if together:
+            deadline = time.monotonic() + timeout
+            for process in self.children.values():
+                self._signal_group(process, signal.SIGTERM)
+            for name in reversed(list(self.children)):
+                self.stop(name, timeout=max(0.1, deadline - time.monotonic()))
         for name in reversed(list(self.children)):
-            self.stop(name)
+            self.stop(name, timeout=timeout)
         for out in self._logs:
             out.close()
         self._logs.clear()
