@@ -154,6 +154,9 @@ class StagePool:
         self.zygote: Zygote | None = None
         self.active: list[WorkerHandle] = []
         self.retiring: list[WorkerHandle] = []
+        # Every worker whose threads (its own, or a process worker's relays) may still run:
+        # until they end, the worker may still put items in the queues (``quiet()``).
+        self.lingering: list[WorkerHandle] = []
         self.affinity: list[int] | None = list(stage.cpu_affinity) if stage.cpu_affinity else None
         self.deaths: dict[int, int] = {}  # seq -> workers that died on it
         self.died = 0  # process workers lost to a crash or a kill, over the pipeline's life
@@ -241,6 +244,7 @@ class StagePool:
             worker.thread.start()
             worker.native_id = worker.thread.native_id
         self.active.append(worker)
+        self.lingering.append(worker)
         return worker
 
     def _start_process(self, worker: WorkerHandle) -> None:
@@ -411,6 +415,18 @@ class StagePool:
                 os.sched_setaffinity(worker.pid, cpus)
             except (OSError, AttributeError):
                 pass  # it exited meanwhile, or the platform cannot pin
+
+    def quiet(self) -> bool:
+        """Say whether the stage has no worker left that could still put an item anywhere
+        (none active, and every former one's threads ended)."""
+        if self.active:
+            return False
+        self.lingering = [
+            w
+            for w in self.lingering
+            if any(t.is_alive() for t in ([w.thread] if w.thread is not None else w.relays))
+        ]
+        return not self.lingering
 
     def reap(self) -> None:
         """Forget retired workers that have left."""
