@@ -135,6 +135,7 @@ class Pipeline:
         self._reset_consumer_counters(time.monotonic())
         self._metrics_at = time.monotonic()
         self._last_totals: dict[str, tuple[float, float, float]] = {}
+        self._last_parts: dict[str, list[float]] = {}
         # Per stage: each worker's (CPU seconds, run-queue seconds) at the last call, to take
         # differences; a worker seen for the first time started from zero.
         self._usage_seen: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
@@ -626,8 +627,56 @@ class Pipeline:
 
     # ----------------------------------------------------------------- measurements
 
-    def metrics(self) -> list[dict[str, Any]]:
-        """One dict per stage, averaged since the previous call (see the module docs)."""
+    def metrics(self, by_unit: bool = False) -> list[dict[str, Any]]:
+        """One dict per stage, averaged since the previous call (see the module docs).
+
+        ``by_unit``: one dict per stage as written, whatever the layout: a fused group's row
+        is shared among its stages in proportion to the time each of its functions took
+        (its workers, throughput and memory are the group's; busy time and CPU are split;
+        the queue in front goes to its first stage, the one after to its last), and each
+        such row names its ``group``."""
+        rows = self._metrics()
+        if not by_unit:
+            return rows
+        units = []
+        with self._lock:
+            parts = {}
+            for (i, j), row in zip(self._spans, rows, strict=True):
+                parts[row["name"]] = (i, j, self._part_shares(self._pool_of.get((i, j)), j - i))
+        for row in rows:
+            i, j, shares = parts[row["name"]]
+            if j - i == 1:
+                units.append(row)
+                continue
+            for k, share in enumerate(shares):
+                unit = dict(row)
+                unit.update(
+                    name=self.unit_names[i + k],
+                    group=row["name"],
+                    busy_fraction=row["busy_fraction"] * share,
+                    cpu_percent=row["cpu_percent"] * share,
+                    runqueue_percent=row["runqueue_percent"] * share,
+                    in_queue=row["in_queue"] if k == 0 else 0,
+                    out_queue=row["out_queue"] if k == j - i - 1 else 0,
+                )
+                units.append(unit)
+        return units
+
+    def _part_shares(self, pool: StagePool | None, n: int) -> list[float]:
+        """Each function's share of a fused group's time since the last call (even shares
+        before any item)."""
+        totals = pool.part_totals() if pool is not None else []
+        if len(totals) != n:
+            return [1.0 / n] * n
+        before = self._last_parts.get(pool.stage.name, [0.0] * n)
+        self._last_parts[pool.stage.name] = totals
+        spent = [max(0.0, t - b) for t, b in zip(totals, before, strict=True)]
+        whole = sum(spent)
+        if whole <= 0:
+            return [1.0 / n] * n
+        return [x / whole for x in spent]
+
+    def _metrics(self) -> list[dict[str, Any]]:
         with self._lock:
             now = time.monotonic()
             wall = max(now - self._metrics_at, 1e-9)

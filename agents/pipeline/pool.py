@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from agents.pipeline.fusion import Chain
 from agents.pipeline.inbox import Inbox
 from agents.pipeline.stage import Stage
 from agents.pipeline.worker import (
@@ -151,6 +152,11 @@ class StagePool:
         self.counters = context.RawArray("d", self.slots * WIDTH)
         # Exit status of each slot's last process worker (NaN: none yet), by the launcher.
         self.statuses = context.RawArray("d", self.slots)
+        # A fused stage times each of its functions, in seconds per slot and function.
+        self.parts = len(stage.fn.fns) if isinstance(stage.fn, Chain) else 0
+        self.part_seconds = (
+            context.RawArray("d", self.slots * self.parts) if self.parts > 1 else None
+        )
         self.zygote: Zygote | None = None
         self.active: list[WorkerHandle] = []
         self.retiring: list[WorkerHandle] = []
@@ -181,6 +187,8 @@ class StagePool:
             cpu_affinity=affinity,
             keep_heap=self.keep_heap,
             init=self.stage.init,
+            part_seconds=self.part_seconds,
+            parts=self.parts,
         )
 
     def resize(self, count: int) -> list[int]:
@@ -447,6 +455,14 @@ class StagePool:
         # Strided slices of the shared array are copied in C: the agent asks every second.
         end = self.slots * WIDTH
         return sum(self.counters[ITEMS:end:WIDTH]), sum(self.counters[BUSY_S:end:WIDTH])
+
+    def part_totals(self) -> list[float]:
+        """A fused stage's seconds in each of its functions, summed over every worker it ever
+        had (empty for a stage of one function)."""
+        if self.part_seconds is None:
+            return []
+        end = self.slots * self.parts
+        return [sum(self.part_seconds[k : end : self.parts]) for k in range(self.parts)]
 
     def _account(self) -> None:
         now = time.monotonic()

@@ -94,6 +94,9 @@ class WorkerSpec:
     cpu_affinity: list[int] | None
     keep_heap: bool = True  # see agents.pipeline.heap
     init: Callable[[int], Any] | None = None  # the stage's per-worker setup, given the slot
+    # A fused stage's per-function seconds, ``parts`` per slot (agents.pipeline.fusion.Chain)
+    part_seconds: Any = None
+    parts: int = 0
 
 
 def _apply(
@@ -122,7 +125,10 @@ def _apply(
         if isinstance(payload, shm.SharedPacket):
             packet = None if release else payload
             payload = shm.unpack(payload, release=release)
-        result = spec.fn(payload)
+        if spec.part_seconds is not None:
+            result = spec.fn.timed(payload, spec.part_seconds, spec.slot * spec.parts)
+        else:
+            result = spec.fn(payload)
         if spec.pack_prefix is not None:
             result = shm.pack(result, spec.pack_prefix, spec.shm_min_bytes)
     except BaseException as exc:  # noqa: BLE001 - SystemExit in fn is the stage's error too

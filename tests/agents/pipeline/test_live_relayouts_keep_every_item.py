@@ -140,3 +140,32 @@ def test_a_change_while_the_last_still_empties_is_refused_within_its_bound():
 
 def test_a_fused_chain_applies_its_functions_in_order():
     assert Chain((_inc, _double))(3) == 8
+
+
+def _light(x):
+    end = time.perf_counter() + 0.0005
+    while time.perf_counter() < end:
+        pass
+    return x
+
+
+def _heavy(x):
+    end = time.perf_counter() + 0.0020
+    while time.perf_counter() < end:
+        pass
+    return x
+
+
+def test_a_fused_group_still_reports_each_of_its_stages_cost():
+    stages = [Stage("light", _light), Stage("heavy", _heavy), Stage("tail", _inc, kind="thread")]
+    with Pipeline(range(400), stages, layout="light+heavy") as pipeline:
+        pipeline.metrics(by_unit=True)
+        received = list(pipeline)
+        rows = pipeline.metrics(by_unit=True)
+    assert received == [i + 1 for i in range(400)]
+    assert [r["name"] for r in rows] == ["light", "heavy", "tail"]
+    light, heavy = rows[0], rows[1]
+    assert light["group"] == heavy["group"] == "light+heavy"
+    assert light["workers"] == heavy["workers"] == 1
+    # The heavy function takes about four times the light one's time.
+    assert 2.0 < heavy["busy_fraction"] / light["busy_fraction"] < 8.0
