@@ -656,6 +656,7 @@ class Pipeline:
                     busy_fraction=row["busy_fraction"] * share,
                     cpu_percent=row["cpu_percent"] * share,
                     runqueue_percent=row["runqueue_percent"] * share,
+                    rss_mb=row["rss_mb"] / (j - i),
                     in_queue=row["in_queue"] if k == 0 else 0,
                     out_queue=row["out_queue"] if k == j - i - 1 else 0,
                 )
