@@ -136,6 +136,7 @@ class Pipeline:
         self._metrics_at = time.monotonic()
         self._last_totals: dict[str, tuple[float, float, float]] = {}
         self._last_parts: dict[str, list[float]] = {}
+        self._last_fn_cpu: dict[str, float] = {}
         # Per stage: each worker's (CPU seconds, run-queue seconds) at the last call, to take
         # differences; a worker seen for the first time started from zero.
         self._usage_seen: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
@@ -655,6 +656,7 @@ class Pipeline:
                     group=row["name"],
                     busy_fraction=row["busy_fraction"] * share,
                     cpu_percent=row["cpu_percent"] * share,
+                    fn_cpu_percent=row["fn_cpu_percent"] * share,
                     runqueue_percent=row["runqueue_percent"] * share,
                     rss_mb=row["rss_mb"] / (j - i),
                     in_queue=row["in_queue"] if k == 0 else 0,
@@ -699,6 +701,9 @@ class Pipeline:
                 span = worker_s - last_worker_s
                 busy_fraction = (busy - last_busy) / span if span > 0 else 0.0
                 cpu_s, runqueue_s, rss = self._stage_usage(pool, thread_cpu)
+                fn_cpu = pool.fn_cpu_total()
+                fn_cpu_s = fn_cpu - self._last_fn_cpu.get(stage.name, 0.0)
+                self._last_fn_cpu[stage.name] = fn_cpu
                 rows.append(
                     {
                         "name": stage.name,
@@ -709,6 +714,8 @@ class Pipeline:
                         "out_queue": self._inboxes[i + 1].qsize(),
                         "queue_capacity": self.queue_size,
                         "cpu_percent": 100.0 * cpu_s / wall,
+                        # CPU in the stage's function(s) alone; the rest is hand-off.
+                        "fn_cpu_percent": 100.0 * max(fn_cpu_s, 0.0) / wall,
                         "runqueue_percent": 100.0 * runqueue_s / wall,
                         "rss_mb": rss / 2**20,
                     }
@@ -725,6 +732,7 @@ class Pipeline:
             "out_queue": 0,
             "queue_capacity": self.queue_size,
             "cpu_percent": 0.0,
+            "fn_cpu_percent": 0.0,
             "runqueue_percent": 0.0,
             "rss_mb": 0.0,
         }

@@ -32,6 +32,7 @@ from agents.pipeline.stage import Stage
 from agents.pipeline.worker import (
     BUSY_S,
     FIRST_OUTPUT_AT,
+    FN_CPU_S,
     HEADER,
     ITEM,
     ITEMS,
@@ -455,6 +456,10 @@ class StagePool:
         # Strided slices of the shared array are copied in C: the agent asks every second.
         end = self.slots * WIDTH
         return sum(self.counters[ITEMS:end:WIDTH]), sum(self.counters[BUSY_S:end:WIDTH])
+
+    def fn_cpu_total(self) -> float:
+        """CPU seconds spent inside the stage's function, over every worker it ever had."""
+        return sum(self.counters[FN_CPU_S : self.slots * WIDTH : WIDTH])
 
     def part_totals(self) -> list[float]:
         """A fused stage's seconds in each of its functions, summed over every worker it ever

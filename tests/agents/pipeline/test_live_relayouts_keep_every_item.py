@@ -169,3 +169,19 @@ def test_a_fused_group_still_reports_each_of_its_stages_cost():
     assert light["workers"] == heavy["workers"] == 1
     # The heavy function takes about four times the light one's time.
     assert 2.0 < heavy["busy_fraction"] / light["busy_fraction"] < 8.0
+
+
+def _big(x):
+    return bytes(3_000_000)
+
+
+def test_a_stage_says_how_much_of_its_cpu_is_its_function_and_how_much_hand_off():
+    stages = [Stage("spin", _heavy), Stage("big", _big), Stage("tail", len, kind="thread")]
+    with Pipeline(range(200), stages, layout=None, queue_size=2) as pipeline:
+        pipeline.metrics()
+        for _ in pipeline:
+            pass
+        spin, big, _ = pipeline.metrics()
+    # Spinning is all function; making 3 MB is cheap next to moving it between processes.
+    assert spin["fn_cpu_percent"] > 0.5 * spin["cpu_percent"] > 0
+    assert big["fn_cpu_percent"] < big["cpu_percent"]
