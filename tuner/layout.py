@@ -5,7 +5,10 @@ A stage of its own gives the tuner one lever per step, but every item then cross
 Fused, a worker runs the steps back to back: no hand-off between them, fewer processes, but one
 lever for all, the lowest ``max_workers`` of its steps, and the memory of all of them per worker.
 
-The model here extends :mod:`tuner.model` with the two costs a layout changes:
+The model here takes :mod:`tuner.model`'s stages (cost, ceiling, scaling, waits, memory) but
+shares the CPUs work-conservingly: a worker blocked on a queue leaves its CPU to the others (the
+twin's rule, every worker always runnable, would make a cheap stage's idle worker cost a busy
+stage its share, and so overstate what fusing gains). It adds the two costs a layout changes:
 
 - ``handoff_us``: CPU time per item per queue crossing, paid by the group that takes the item
   (every group pays one; the last pays ``consumer_us`` more, the crossing to the trainer, which
@@ -27,10 +30,11 @@ runs unless another is predicted ``margin`` better.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from tuner.model import throughput
+from tuner.model import memory_mb, scaling_factor
 from tuner.scenario import HostState, Scenario, StageSpec
 
 Span = tuple[int, int]  # stages [start, end) in pipeline order, run fused
@@ -117,12 +121,25 @@ def layout_throughput(
     costs: LayoutCosts,
 ) -> float:
     """Samples/s of ``scenario`` run in layout ``spans`` with ``allocation`` (one count per
-    group): :func:`tuner.model.throughput` with the hand-offs and the time-slicing."""
+    group). Work-conserving: a worker blocked on a queue leaves its CPU to the others, so the
+    pipeline makes ``min(C' / sum(us_g), min_g w_g ** s_g / (wait_g + us_g))`` samples per
+    microsecond, ``C'`` the CPUs less the time-slicing (see the module's docs); 0 out of memory,
+    and at most the consumer's rate."""
+    model = grouped(scenario, spans, costs)
     cpus = host.effective_cpus
     processes = sum(allocation)
     slicing = 1.0 + costs.switch_penalty * max(0.0, processes - cpus) / max(cpus, 1e-9)
-    sliced = replace(host, cpus=cpus / slicing, background_cpus=0.0)
-    return throughput(grouped(scenario, spans, costs), sliced, allocation)
+    if memory_mb(model, allocation) > host.memory_limit_mb:
+        return 0.0
+    work = sum(stage.us_per_sample for stage in model.stages)
+    value = (cpus / slicing) * 1e6 / work if work > 0 else math.inf
+    for stage, workers in zip(model.stages, allocation, strict=True):
+        per_worker = stage.us_per_sample + stage.wait_us_per_sample
+        if per_worker > 0:
+            value = min(value, float(scaling_factor(stage, workers)) * 1e6 / per_worker)
+    if host.consumer_samples_per_s is not None:
+        value = min(value, host.consumer_samples_per_s)
+    return float(value)
 
 
 def best_allocation(
@@ -133,26 +150,33 @@ def best_allocation(
     max_total: int | None = None,
 ) -> tuple[tuple[int, ...], float]:
     """The best allocation of a layout, by climbing: from one worker per group, add one to
-    whichever group gains most, while a worker gains anything (at most ``max_total`` workers,
+    the slowest group while that loses nothing (at most ``max_total`` workers,
     default eight per CPU and two per group). Returns it and its throughput."""
     model = grouped(scenario, spans, costs)
     ceilings = [s.max_workers or 128 for s in model.stages]
     limit = max_total or int(8 * host.cpus) + 2 * len(spans)
     current = [1] * len(spans)
     best = layout_throughput(scenario, host, spans, current, costs)
+    best_at = list(current)
     while sum(current) < limit:
-        trials = []
-        for k in range(len(spans)):
-            if current[k] < ceilings[k]:
-                trial = list(current)
-                trial[k] += 1
-                trials.append((layout_throughput(scenario, host, spans, trial, costs), trial))
-        if not trials:
+        # A worker for the slowest group that can take one; ties among bottlenecks make a
+        # single worker gain nothing, so a step that loses nothing is taken too.
+        rates = [
+            float(scaling_factor(stage, w))
+            / max(stage.us_per_sample + stage.wait_us_per_sample, 1e-9)
+            for stage, w in zip(model.stages, current, strict=True)
+        ]
+        open_groups = [k for k in range(len(spans)) if current[k] < ceilings[k]]
+        if not open_groups:
             break
-        value, trial = max(trials, key=lambda t: t[0])
-        if value <= best * (1.0 + 1e-9):
+        k = min(open_groups, key=lambda g: rates[g])
+        current[k] += 1
+        value = layout_throughput(scenario, host, spans, current, costs)
+        if value < best * (1.0 - 1e-9):
             break
-        best, current = value, trial
+        if value > best * (1.0 + 1e-9):
+            best, best_at = value, list(current)
+    current = best_at
     # Then move single workers between groups while that gains: the climb alone can stop
     # where only a trade helps (time-sliced cores make every added worker cost the others).
     improved = True
@@ -306,4 +330,43 @@ def run_decision(
         layout_throughput(scenario, host, spans, allocation, costs),
         changes,
         best_allocation(scenario, host, spans, costs)[1],
+    )
+
+
+def decide_from_metrics(
+    rows: Sequence[dict],
+    spans: Sequence[Span],
+    cpus: float,
+    ceilings: Sequence[int | None],
+    kinds: Sequence[str] | None = None,
+    margin: float = 0.03,
+    switch_penalty: float = 0.03,
+) -> LayoutChoice:
+    """The layout decision from a running pipeline's metrics, one row per stage as written
+    (``Pipeline.metrics(by_unit=True)``): each stage's cost is its function's CPU per item
+    (``fn_cpu_percent``), each group's hand-off its CPU per item beyond its functions'. Only
+    stages of the same ``kind`` fuse (a thread stage that hands batches to the trainer stays
+    where it is). Items are whatever the pipeline carries (batches): the rates are in them."""
+    n = len(rows)
+    fn_us, cpu_us = [], []
+    for row in rows:
+        rate = max(float(row.get("items_per_s", 0.0)), 1e-9)
+        fn_us.append(max(float(row.get("fn_cpu_percent", 0.0)), 1e-6) / 100.0 / rate * 1e6)
+        cpu_us.append(max(float(row.get("cpu_percent", 0.0)), 0.0) / 100.0 / rate * 1e6)
+    group_cpu = [sum(cpu_us[i:j]) for i, j in spans]
+    costs = estimate_costs(fn_us, group_cpu, spans, switch_penalty)
+    stages = tuple(
+        StageSpec(str(row["name"]), fn, max_workers=ceiling)
+        for row, fn, ceiling in zip(rows, fn_us, ceilings, strict=True)
+    )
+    scenario = Scenario(name="measured", cpus=cpus, memory_gb=1e6, stages=stages)
+    candidates = all_layouts(n)
+    if kinds is not None:
+        candidates = [
+            spans_
+            for spans_ in candidates
+            if all(len({kinds[k] for k in range(i, j)}) == 1 for i, j in spans_)
+        ]
+    return choose_layout(
+        scenario, scenario.host_at(0), costs, spans, margin=margin, candidates=candidates
     )

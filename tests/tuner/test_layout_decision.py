@@ -9,6 +9,7 @@ from tuner.layout import (
     all_layouts,
     best_allocation,
     choose_layout,
+    decide_from_metrics,
     dlrm_scenario,
     estimate_costs,
     fixed_layouts,
@@ -80,3 +81,30 @@ def test_every_layout_covers_every_stage_once_in_order():
     assert spans_of(names, ["read+parse", "transform+collate"]) == [(0, 2), (2, 4)]
     with pytest.raises(ValueError, match="leave stages"):
         spans_of(names, ["read+parse"])
+
+
+def _rows(cpu_over_fn: float) -> list[dict]:
+    """Staged DLRM-like metrics at 20 batches/s: each stage's CPU, and the part of it inside
+    its function (the rest is hand-off)."""
+    fn = {"read": 8.0, "parse": 24.0, "transform": 36.0, "collate": 7.0, "prefetch": 1.0}
+    return [
+        {
+            "name": name,
+            "items_per_s": 20.0,
+            "fn_cpu_percent": f,
+            "cpu_percent": f + (cpu_over_fn if name != "prefetch" else 0.0),
+        }
+        for name, f in fn.items()
+    ]
+
+
+def test_from_real_metrics_hand_offs_fuse_on_two_cores_and_ceilings_split_on_many():
+    staged = [(i, i + 1) for i in range(5)]
+    kinds = ["process"] * 4 + ["thread"]
+    ceilings = [4, None, None, None, 4]
+    few = decide_from_metrics(_rows(3.0), staged, 2, ceilings, kinds)
+    assert few.spans == ((0, 4), (4, 5))  # the process stages fused; prefetch stays a thread
+    many = decide_from_metrics(_rows(3.0), staged, 16, ceilings, kinds)
+    assert many.spans[0] == (0, 1)  # read alone: four workers could not feed the rest fused
+    # Without hand-offs and on many cores, no change is worth its drain.
+    assert not decide_from_metrics(_rows(0.0), staged, 16, ceilings, kinds).changed
