@@ -324,12 +324,14 @@ class StagePool:
             try:
                 worker.items.send_bytes(HEADER.pack(seq, ITEM))
                 worker.items.send_bytes(body)
-            except OSError:
-                break  # it died: its reader puts what it held back in the inbox
+            except (OSError, TypeError, ValueError):
+                # It died: its reader puts what it held back in the inbox. (TypeError and
+                # ValueError: its pipe was closed under this send once it was found dead.)
+                break
         if not worker.ended:
             try:
                 worker.items.send_bytes(HEADER.pack(-1, RETIRE))
-            except OSError:
+            except (OSError, TypeError, ValueError):
                 pass
 
     def _read(self, worker: WorkerHandle) -> None:
