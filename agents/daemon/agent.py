@@ -256,7 +256,9 @@ class Agent:
         Stage metrics are averages since the previous call, so only the agent should call
         ``pipeline.metrics()``.
         """
-        rows = self.pipeline.metrics(by_unit=True) if self.layouts else self.pipeline.metrics()
+        # Per stage as written only while some stages run fused: otherwise the rows are the same.
+        fused = self.layouts and any(len(group) > 1 for group in self.pipeline.layout)
+        rows = self.pipeline.metrics(by_unit=True) if fused else self.pipeline.metrics()
         stages = [stage_fields(m) for m in rows]
         per_worker = {
             s["name"]: s["rss_mb"] / s["workers"] for s in stages if s["workers"] and s["rss_mb"]
