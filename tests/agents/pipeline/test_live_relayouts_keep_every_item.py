@@ -185,3 +185,26 @@ def test_a_stage_says_how_much_of_its_cpu_is_its_function_and_how_much_hand_off(
     # Spinning is all function; making 3 MB is cheap next to moving it between processes.
     assert spin["fn_cpu_percent"] > 0.5 * spin["cpu_percent"] > 0
     assert big["fn_cpu_percent"] < big["cpu_percent"]
+
+
+def test_a_change_that_fails_midway_keeps_the_old_layout_running_and_every_item():
+    # No real failure can be caused on demand here: the new group's start is made to raise
+    # (as a launcher that cannot fork would), after the change has begun.
+    with Pipeline(range(600), _three(), queue_size=4) as pipeline:
+        pool = pipeline._pool_of[(0, 2)]
+        real = pool.resize
+
+        def failing(count: int) -> list[int]:
+            if count > 0:
+                raise RuntimeError("cannot start a worker (a test)")
+            return real(count)
+
+        pool.resize = failing
+        it = iter(pipeline)
+        received = [next(it) for _ in range(50)]
+        with pytest.raises(RuntimeError, match="a test"):
+            pipeline.relayout("a+b")
+        assert pipeline.stage_names == ["a", "b", "c"]
+        received += list(it)
+        pipeline.relayout("b+c", timeout_s=10)  # the failed change emptied itself meanwhile
+    assert received == [(i + 1) * 2 - 3 for i in range(600)]
