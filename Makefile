@@ -38,6 +38,7 @@ soak: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(PY) -m benchmarks.pipeline --quick
+	$(PY) -m benchmarks.layout_twin
 	$(PY) -m tuner.bench --suite tuner/suites/default.json --tuners intune,hillclimb,lp,static,random --steps 150 --seeds 3 --json var/bench-tuner.json
 
 lint: $(INSTALLED)

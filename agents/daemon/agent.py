@@ -30,6 +30,7 @@ from agents.daemon.buffer import SampleBuffer
 from agents.daemon.checks import StageLimits, check_allocation
 from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
 from agents.host import HostSampler
+from agents.layout import layout_problem, workers_problem
 from agents.protocol import MAX_SAMPLES_PER_BATCH
 
 log = logging.getLogger("agents.daemon")
@@ -40,6 +41,8 @@ THREAD_PREFIX = "intune-agent"
 MAX_BATCH_BYTES = 900_000
 MAX_BATCH_SAMPLES = MAX_SAMPLES_PER_BATCH
 MAX_REFUSALS_PER_BATCH = 100
+# How long applying a new layout waits for the last change to empty (agents.pipeline).
+RELAYOUT_TIMEOUT_S = 5.0
 
 
 class TunablePipeline(Protocol):
@@ -134,7 +137,12 @@ class Agent:
             backoff_max_s=config.backoff_max_s,
             stop_event=self._stop,
         )
-        self.stage_names = list(pipeline.stage_names)
+        # A pipeline that can change its layout (agents.pipeline.Pipeline.relayout) is known
+        # to the control plane by its stages as written, whatever groups run fused.
+        self.layouts = callable(getattr(pipeline, "relayout", None)) and bool(
+            getattr(pipeline, "unit_names", None)
+        )
+        self.stage_names = list(pipeline.unit_names if self.layouts else pipeline.stage_names)
         # A host's local ranks (agents.daemon.ranks.HostPipelines) each run the allocation.
         self.ranks = max(1, int(getattr(pipeline, "ranks", 1) or 1))
         self.worker_budget = config.worker_budget or cpu_slots(
@@ -248,7 +256,10 @@ class Agent:
         Stage metrics are averages since the previous call, so only the agent should call
         ``pipeline.metrics()``.
         """
-        stages = [stage_fields(m) for m in self.pipeline.metrics()]
+        # Per stage as written only while some stages run fused: otherwise the rows are the same.
+        fused = self.layouts and any(len(group) > 1 for group in self.pipeline.layout)
+        rows = self.pipeline.metrics(by_unit=True) if fused else self.pipeline.metrics()
+        stages = [stage_fields(m) for m in rows]
         per_worker = {
             s["name"]: s["rss_mb"] / s["workers"] for s in stages if s["workers"] and s["rss_mb"]
         }
@@ -463,7 +474,10 @@ class Agent:
     def stage_limits(self) -> list[StageLimits]:
         """Each stage's ``max_workers``, measured CPU slots and memory per worker, for the
         checks."""
-        stages = {getattr(s, "name", None): s for s in getattr(self.pipeline, "stages", [])}
+        written = getattr(self.pipeline, "units", None) if self.layouts else None
+        stages = {
+            getattr(s, "name", None): s for s in written or getattr(self.pipeline, "stages", [])
+        }
         with self._lock:
             rss = dict(self._rss_per_worker)
             worker_cpu = self._worker_cpu.worker_cpu()
@@ -500,18 +514,24 @@ class Agent:
                 log.debug("ignoring allocation %d: already at %d", version, self._seen_version)
                 return None
             self._seen_version = version
-        reason = check_allocation(
-            workers,
-            self.stage_limits(),
-            self.worker_budget,
-            self.memory_budget_mb,
-            self.host.limits.cpus,
-            self.ranks,
-        )
+        layout = allocation.get("layout")
+        groups, reason = self._layout_of(layout, workers)
+        if reason is None:
+            reason = check_allocation(
+                workers,
+                self.stage_limits() if groups is None else self.group_limits(groups),
+                self.worker_budget,
+                self.memory_budget_mb,
+                self.host.limits.cpus,
+                self.ranks,
+            )
         if reason is None:
             before = dict(self.pipeline.allocation)
             try:
-                self.pipeline.apply(dict(workers))
+                if groups is not None:
+                    self.pipeline.relayout(groups, dict(workers), timeout_s=RELAYOUT_TIMEOUT_S)
+                else:
+                    self.pipeline.apply(dict(workers))
             except Exception as exc:  # the pipeline's own checks (AllocationError) or a failure
                 reason = f"the pipeline refused it: {exc}"
             else:
@@ -535,6 +555,47 @@ class Agent:
             self._decisions += 1
         self._ship_now.set()  # tell the control plane at once
         return reason
+
+    def _layout_of(self, layout: object, workers: object) -> tuple[list[str] | None, str | None]:
+        """The groups to run for an allocation (``None``: keep the layout, resize only) and
+        why it must be refused, if it must. Without ``layout`` an allocation that names every
+        stage as written runs them each alone, as it always did."""
+        if layout is None:
+            if not self.layouts or not isinstance(workers, dict):
+                return None, None
+            staged = [[name] for name in self.stage_names]
+            if set(workers) == set(self.stage_names) and self.pipeline.layout != staged:
+                return ["+".join(g) for g in staged], None
+            return None, None
+        if not self.layouts:
+            return None, (
+                "this agent's pipeline cannot change its layout (a Pipeline of stages as "
+                "written runs it); send the allocation without 'layout'"
+            )
+        problem = layout_problem(layout, self.stage_names) or workers_problem(layout, workers)
+        if problem:
+            return None, problem
+        return ["+".join(group) for group in layout], None
+
+    def group_limits(self, groups: list[str]) -> list[StageLimits]:
+        """The checks' view of a layout's groups: a group's ceiling is its stages' lowest, a
+        worker takes the most CPU slots any of its stages' takes (it runs them all), and the
+        memory of all of them."""
+        limits = {s.name: s for s in self.stage_limits()}
+        result = []
+        for group in groups:
+            parts = [limits[name] for name in group.split("+")]
+            ceilings = [p.max_workers for p in parts if p.max_workers is not None]
+            memory = [p.memory_mb_per_worker for p in parts]
+            result.append(
+                StageLimits(
+                    group,
+                    max_workers=min(ceilings) if ceilings else None,
+                    worker_cpu=max(p.worker_cpu for p in parts),
+                    memory_mb_per_worker=None if None in memory else sum(memory),
+                )
+            )
+        return result
 
     def _poll_loop(self) -> None:
         wait_s = self.config.poll_wait_s

@@ -9,9 +9,17 @@ with Pipeline(range(1000), [Stage("square", lambda x: x * x, workers=2)]) as pip
     print(pipeline.metrics(), pipeline.consumer_stats())
 """
 
-from agents.pipeline.errors import AllocationError, StageFailed
+from agents.pipeline.errors import AllocationError, LayoutBusy, StageFailed
 from agents.pipeline.fusion import fuse, fuse_groups
 from agents.pipeline.pipeline import Pipeline
 from agents.pipeline.stage import Stage
 
-__all__ = ["AllocationError", "Pipeline", "Stage", "StageFailed", "fuse", "fuse_groups"]
+__all__ = [
+    "AllocationError",
+    "LayoutBusy",
+    "Pipeline",
+    "Stage",
+    "StageFailed",
+    "fuse",
+    "fuse_groups",
+]

@@ -19,3 +19,8 @@ class StageFailed(RuntimeError):
             f"stage '{stage}' failed on item {seq}: {error}\n"
             f"--- traceback in the worker ---\n{traceback_text}"
         )
+
+
+class LayoutBusy(AllocationError):
+    """A layout change came while the previous one was still emptying the groups it replaced
+    (a worker still in a long item); the pipeline kept the layout it runs."""

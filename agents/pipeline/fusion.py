@@ -12,6 +12,7 @@ lever where there were several, and it resizes live like any other.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,15 @@ class Chain:
         """Apply every function, in order, each to the previous one's result."""
         for fn in self.fns:
             item = fn(item)
+        return item
+
+    def timed(self, item: Any, seconds: Any, base: int) -> Any:
+        """``self(item)``, adding each function's time to ``seconds[base + k]``: so that a
+        fused group still says what each of its stages costs."""
+        for k, fn in enumerate(self.fns):
+            began = time.perf_counter()
+            item = fn(item)
+            seconds[base + k] += time.perf_counter() - began
         return item
 
 
@@ -103,8 +113,19 @@ def fuse_groups(
     Raises ``ValueError`` when a group names an unknown stage, stages that are not
     neighbours in pipeline order, or a stage another group already took.
     """
-    names = [s.name for s in stages]
-    fused_at: dict[int, int] = {}  # index of a group's first stage -> its length
+    spans = layout_spans([s.name for s in stages], groups)
+    return [fuse(stages[i:j]) for i, j in spans]
+
+
+Span = tuple[int, int]  # a group of neighbouring stages: indices [start, end) in pipeline order
+
+
+def layout_spans(
+    names: Sequence[str], groups: str | Iterable[str | Sequence[str]] | None
+) -> list[Span]:
+    """The layout ``groups`` describe over the stages ``names``, as spans covering them all
+    in order (a stage no group names stays alone). Raises ``ValueError`` as ``fuse_groups``."""
+    starts: dict[int, int] = {}
     taken: set[str] = set()
     for group in parse_groups(groups):
         unknown = [n for n in group if n not in names]
@@ -113,22 +134,27 @@ def fuse_groups(
                 f"cannot fuse {SEPARATOR.join(group)}: no stage named "
                 f"{', '.join(repr(n) for n in unknown)}; the stages are {', '.join(names)}"
             )
-        again = [n for n in group if n in taken]
+        again = [n for n in group if n in taken or group.count(n) > 1]
         if again:
             raise ValueError(
                 f"cannot fuse {SEPARATOR.join(group)}: {', '.join(again)} already in another group"
             )
-        first = names.index(group[0])
-        if names[first : first + len(group)] != group:
+        first = list(names).index(group[0])
+        if list(names[first : first + len(group)]) != group:
             raise ValueError(
                 f"cannot fuse {SEPARATOR.join(group)}: only neighbouring stages fuse, in "
                 f"pipeline order ({SEPARATOR.join(names)})"
             )
-        fused_at[first] = len(group)
+        starts[first] = len(group)
         taken.update(group)
-    result, i = [], 0
-    while i < len(stages):
-        length = fused_at.get(i, 1)
-        result.append(fuse(stages[i : i + length]))
+    spans, i = [], 0
+    while i < len(names):
+        length = starts.get(i, 1)
+        spans.append((i, i + length))
         i += length
-    return result
+    return spans
+
+
+def boundaries(spans: Sequence[Span]) -> set[int]:
+    """The places between stages where a layout has a queue (0 and the end included)."""
+    return {0} | {end for _, end in spans}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -16,7 +17,8 @@ from typing import Any
 import psutil
 
 from agents.pipeline import shm
-from agents.pipeline.errors import AllocationError, StageFailed
+from agents.pipeline.errors import AllocationError, LayoutBusy, StageFailed
+from agents.pipeline.fusion import SEPARATOR, Span, boundaries, fuse, layout_spans
 from agents.pipeline.inbox import Inbox
 from agents.pipeline.pool import StagePool
 from agents.pipeline.schedstat import process_runqueue_seconds, thread_runqueue_seconds
@@ -60,6 +62,8 @@ class Pipeline:
     - ``max_item_retries``: how many times an item whose worker died is sent to another
       worker before it fails, as the stage's error.
     - ``stop_timeout_s``: how long ``stop()`` lets workers finish before it kills them.
+    - ``layout``: which neighbouring stages run fused, as for ``fuse_groups``
+      (``"read+parse,transform+collate"``); ``relayout()`` changes it live.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class Pipeline:
         keep_worker_heap: bool = True,
         max_item_retries: int = 2,
         stop_timeout_s: float = 2.0,
+        layout: str | Iterable[str | list[str]] | None = None,
     ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -94,8 +99,12 @@ class Pipeline:
         if max_item_retries < 0:
             raise ValueError(f"max_item_retries must be 0 or more, got {max_item_retries}")
         self.source = source
-        self.stages = list(stages)
-        self.stage_names: list[str] = names
+        # The stages as written; the layout groups neighbours of them into the stages that run.
+        self.units = list(stages)
+        self.unit_names = names
+        self._spans: list[Span] = layout_spans(names, layout)
+        self.stages = [self._group_stage(span) for span in self._spans]
+        self.stage_names: list[str] = [s.name for s in self.stages]
         self.queue_size = queue_size
         self.prefetch = prefetch or queue_size
         self.name = name
@@ -105,8 +114,12 @@ class Pipeline:
         self.max_item_retries = max_item_retries
         self.stop_timeout_s = stop_timeout_s
         self.ordered = all(s.ordered for s in stages)
+        self._boundaries: dict[int, Inbox] = {}  # the queue at each place the layout has one
+        self._all_pools: list[StagePool] = []  # one per possible group, made before the fork
+        self._pool_of: dict[Span, StagePool] = {}
+        self._draining: list[list[StagePool]] = []  # groups of a former layout, emptying
         self._context = multiprocessing.get_context("fork" if hasattr(os, "fork") else None)
-        self._targets = {s.name: s.workers for s in stages}
+        self._targets = {s.name: s.workers for s in self.stages}
         self._lock = threading.RLock()
         self._started = False
         self._stopped = False
@@ -122,6 +135,8 @@ class Pipeline:
         self._reset_consumer_counters(time.monotonic())
         self._metrics_at = time.monotonic()
         self._last_totals: dict[str, tuple[float, float, float]] = {}
+        self._last_parts: dict[str, list[float]] = {}
+        self._last_fn_cpu: dict[str, float] = {}
         # Per stage: each worker's (CPU seconds, run-queue seconds) at the last call, to take
         # differences; a worker seen for the first time started from zero.
         self._usage_seen: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
@@ -140,23 +155,29 @@ class Pipeline:
                 raise RuntimeError(f"pipeline '{self.name}' was stopped; build a new one")
             self._started = True
             # One inbox in front of each stage, and one in front of the consumer.
-            self._inboxes = [Inbox(self.queue_size) for _ in range(len(self.stages) + 1)]
+            self._boundaries = {b: Inbox(self.queue_size) for b in boundaries(self._spans)}
             self._ready = Inbox(self.prefetch)
             use_shm = shm.available()
-            for i, stage in enumerate(self.stages):
-                self._pools.append(
-                    StagePool(
-                        stage,
-                        i,
-                        self._inboxes[i],
-                        self._inboxes[i + 1],
+            # A pool for every group of neighbouring stages a layout may have, made now: the
+            # launcher forked below knows only what exists before it (their functions, their
+            # shared counters), and ``relayout()`` must not fork another while threads run.
+            n = len(self.units)
+            for i in range(n):
+                for j in range(i + 1, n + 1):
+                    pool = StagePool(
+                        self._group_stage((i, j)),
+                        len(self._all_pools),
+                        self._boundaries.get(i),
+                        self._boundaries.get(j),
                         self._context,
                         self._stop,
                         self._prefix if use_shm else None,
                         self.keep_worker_heap,
                         self.max_item_retries,
                     )
-                )
+                    self._all_pools.append(pool)
+                    self._pool_of[(i, j)] = pool
+            self._use_layout(self._spans)
             # The launcher is forked before the pipeline runs any thread of its own.
             self._start_launcher()
             self._plan_pinning(self._targets)
@@ -175,16 +196,16 @@ class Pipeline:
         return self
 
     def _start_launcher(self) -> None:
-        if not any(pool.stage.kind == "process" for pool in self._pools):
+        if not any(pool.stage.kind == "process" for pool in self._all_pools):
             return
 
         def serve(request: dict[str, Any], items_fd: int, results_fd: int) -> None:
-            pool = self._pools[request["stage_index"]]
+            pool = self._all_pools[request["stage_index"]]
             serve_process(pool.spec(request["slot"], request["affinity"]), items_fd, results_fd)
 
-        zygote = Zygote(serve, [pool.statuses for pool in self._pools], self._prefix)
+        zygote = Zygote(serve, [pool.statuses for pool in self._all_pools], self._prefix)
         self._zygote = zygote
-        for pool in self._pools:
+        for pool in self._all_pools:
             pool.zygote = zygote
 
     def stop(self) -> None:
@@ -201,10 +222,11 @@ class Pipeline:
             self._stopped = True
             self._stop.set()
             deadline = time.monotonic() + self.stop_timeout_s
-            for inbox in [*self._inboxes, self._ready]:
+            draining = [p.inbox for pools in self._draining for p in pools[1:]]
+            for inbox in [*self._inboxes, *draining, self._ready]:
                 inbox.close()
             stuck = []
-            for pool in self._pools:
+            for pool in self._all_pools:
                 stuck += pool.shutdown(deadline)
             for thread in self._threads:
                 thread.join(max(0.0, min(0.5, deadline - time.monotonic())))
@@ -242,6 +264,7 @@ class Pipeline:
                     self._start_launcher()
                 for pool in self._pools:
                     pool.maintain()
+                self._drain()
 
     # ----------------------------------------------------------------- the flow of items
 
@@ -391,6 +414,182 @@ class Pipeline:
             self._targets = targets
             self._last_resize = {"applied_at": applied_at, "started": started}
 
+    # ----------------------------------------------------------------- layout
+
+    @property
+    def layout(self) -> list[list[str]]:
+        """The groups of stages that run fused, in pipeline order (a stage alone: a group of
+        one)."""
+        with self._lock:
+            return [self.unit_names[i:j] for i, j in self._spans]
+
+    def _group_stage(self, span: Span) -> Stage:
+        i, j = span
+        return fuse(self.units[i:j])
+
+    def _use_layout(self, spans: list[Span]) -> None:
+        """Make ``spans`` the layout the pipeline's names, pools and queues describe."""
+        self._spans = list(spans)
+        self.stages = [self._group_stage(span) for span in spans]
+        self.stage_names = [s.name for s in self.stages]
+        if self._all_pools:
+            self._pools = [self._pool_of[span] for span in spans]
+            for (i, j), pool in zip(spans, self._pools, strict=True):
+                pool.inbox, pool.outbox = self._boundaries[i], self._boundaries[j]
+            self._inboxes = [self._boundaries[b] for b in sorted(boundaries(spans))]
+
+    def _layout_targets(self, spans: list[Span], allocation: dict[str, int] | None) -> dict:
+        """Worker counts for ``spans``: those given, else a group kept keeps its count and a
+        new group starts with its share of the workers of the groups it overlaps (fused: their
+        sum; split: the whole's shared by stages), within its ceiling."""
+        old = dict(zip(self._spans, (self._targets[n] for n in self.stage_names), strict=True))
+        targets = {}
+        for span in spans:
+            stage = self._group_stage(span)
+            if allocation and stage.name in allocation:
+                targets[stage.name] = allocation[stage.name]
+                continue
+            # Each old group's workers go to the new groups in proportion to its stages each
+            # takes: the total stays about what it was.
+            count = old.get(span) or sum(
+                c * (min(j, span[1]) - max(i, span[0])) / (j - i)
+                for (i, j), c in old.items()
+                if i < span[1] and span[0] < j
+            )
+            targets[stage.name] = max(1, min(round(count), stage.ceiling))
+        return targets
+
+    def relayout(
+        self,
+        groups: str | Iterable[str | list[str]] | None,
+        allocation: dict[str, int] | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        """Fuse or split neighbouring stages while items flow; nothing is lost or repeated.
+
+        ``groups`` as for ``fuse_groups`` (``None``: every stage alone); ``allocation`` the
+        worker counts of the new layout's stages (the others as ``_layout_targets`` says).
+        The new groups' workers start at once on the queue in front of what changed; the
+        replaced groups stop taking new items and empty themselves, through their own queues,
+        into the queue after it, in the background. Order is restored at the consumer as
+        always. A change while the previous one still empties waits up to ``timeout_s``, then
+        raises ``LayoutBusy``; a bad layout raises ``AllocationError``; either way the
+        pipeline keeps the layout it runs.
+        """
+        try:
+            spans = layout_spans(self.unit_names, groups)
+        except ValueError as exc:
+            raise AllocationError(str(exc)) from None
+        names = [SEPARATOR.join(self.unit_names[i:j]) for i, j in spans]
+        if allocation:
+            ceilings = {
+                n: self._group_stage(sp).ceiling for n, sp in zip(names, spans, strict=True)
+            }
+            problems = []
+            for name, count in allocation.items():
+                if name not in ceilings:
+                    problems.append(
+                        f"unknown stage '{name}'; the new layout's stages are {', '.join(names)}"
+                    )
+                elif isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                    problems.append(f"stage '{name}' asks for {count!r} workers; give 1 or more")
+                elif count > ceilings[name]:
+                    problems.append(
+                        f"stage '{name}' asks for {count} workers but its max_workers is "
+                        f"{ceilings[name]}"
+                    )
+            if problems:
+                raise AllocationError("; ".join(problems))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if not self._started or self._stopped:
+                    targets = self._layout_targets(spans, allocation)
+                    self._use_layout(spans)
+                    self._targets = targets
+                    return
+                self._drain()
+                if not self._draining:
+                    self._switch(spans, self._layout_targets(spans, allocation))
+                    return
+            if time.monotonic() >= deadline:
+                raise LayoutBusy(
+                    f"pipeline '{self.name}' is still emptying the groups its last layout "
+                    f"change replaced after {timeout_s:.1f} s (a worker is inside a long "
+                    "item); it keeps its layout: try again later"
+                )
+            time.sleep(0.02)
+
+    def _switch(self, spans: list[Span], targets: dict[str, int]) -> None:
+        """Change the layout (the lock held, nothing draining): start the new groups, retire
+        the replaced ones. Where it fails midway, the old layout stays and what was started
+        of the new one empties itself like a replaced layout."""
+        old_spans = list(self._spans)
+        old_boundaries = dict(self._boundaries)
+        common = sorted(boundaries(old_spans) & boundaries(spans))
+        replaced: list[list[StagePool]] = []
+        started: list[list[StagePool]] = []
+        for c0, c1 in itertools.pairwise(common):
+            before = [sp for sp in old_spans if c0 <= sp[0] and sp[1] <= c1]
+            after = [sp for sp in spans if c0 <= sp[0] and sp[1] <= c1]
+            if before != after:
+                replaced.append([self._pool_of[sp] for sp in before])
+                started.append([self._pool_of[sp] for sp in after])
+        if not replaced:
+            self.apply(targets)
+            return
+        for b in boundaries(spans) - boundaries(old_spans):
+            self._boundaries[b] = Inbox(self.queue_size)
+        for b in boundaries(old_spans) - boundaries(spans):
+            del self._boundaries[b]  # its pools still hold it, and empty it
+        old_targets = dict(self._targets)
+        self._use_layout(spans)
+        self._targets = targets
+        try:
+            self._plan_pinning(targets)
+            for pools in started:
+                for pool in pools:
+                    pool.resize(targets[pool.stage.name])
+        except BaseException:
+            log.exception("pipeline '%s': a layout change failed; keeping the old", self.name)
+            self._boundaries = old_boundaries
+            self._use_layout(old_spans)
+            self._targets = old_targets
+            self._draining += started
+            for pools in started:
+                pools[0].resize(0)
+            raise
+        self._draining += replaced
+        for pools in replaced:
+            pools[0].resize(0)  # the new groups take the items in front of them from now on
+        self._drain()
+        log.info("pipeline '%s': layout now %s", self.name, ", ".join(self.stage_names))
+
+    def _drain(self) -> None:
+        """Let the groups of a replaced layout empty themselves (the lock held).
+
+        The first pool of a replaced run of groups retires at once. Each later one keeps its
+        workers until the pool before it has left and its own queue is empty, then retires;
+        if its queue fills again (a retiring worker died holding items, which went back) it
+        takes a worker again. A run has drained when every pool has no worker, no thread of
+        its still runs, and its queues are empty."""
+        still = []
+        for pools in self._draining:
+            upstream_quiet = True
+            for k, pool in enumerate(pools):
+                empty = k == 0 or pool.inbox.qsize() == 0
+                if upstream_quiet and empty:
+                    if pool.target:
+                        pool.resize(0)
+                elif k > 0 and pool.target == 0:
+                    pool.resize(1)
+                else:
+                    pool.maintain()
+                upstream_quiet = upstream_quiet and pool.target == 0 and empty and pool.quiet()
+            if not upstream_quiet:
+                still.append(pools)
+        self._draining = still
+
     def last_resize(self) -> dict[str, Any] | None:
         """The latest ``apply()``: when, how many workers it started, and its latency.
 
@@ -429,8 +628,58 @@ class Pipeline:
 
     # ----------------------------------------------------------------- measurements
 
-    def metrics(self) -> list[dict[str, Any]]:
-        """One dict per stage, averaged since the previous call (see the module docs)."""
+    def metrics(self, by_unit: bool = False) -> list[dict[str, Any]]:
+        """One dict per stage, averaged since the previous call (see the module docs).
+
+        ``by_unit``: one dict per stage as written, whatever the layout: a fused group's row
+        is shared among its stages in proportion to the time each of its functions took
+        (its workers, throughput and memory are the group's; busy time and CPU are split;
+        the queue in front goes to its first stage, the one after to its last), and each
+        such row names its ``group``."""
+        rows = self._metrics()
+        if not by_unit:
+            return rows
+        units = []
+        with self._lock:
+            parts = {}
+            for (i, j), row in zip(self._spans, rows, strict=True):
+                parts[row["name"]] = (i, j, self._part_shares(self._pool_of.get((i, j)), j - i))
+        for row in rows:
+            i, j, shares = parts[row["name"]]
+            if j - i == 1:
+                units.append(row)
+                continue
+            for k, share in enumerate(shares):
+                unit = dict(row)
+                unit.update(
+                    name=self.unit_names[i + k],
+                    group=row["name"],
+                    busy_fraction=row["busy_fraction"] * share,
+                    cpu_percent=row["cpu_percent"] * share,
+                    fn_cpu_percent=row["fn_cpu_percent"] * share,
+                    runqueue_percent=row["runqueue_percent"] * share,
+                    rss_mb=row["rss_mb"] / (j - i),
+                    in_queue=row["in_queue"] if k == 0 else 0,
+                    out_queue=row["out_queue"] if k == j - i - 1 else 0,
+                )
+                units.append(unit)
+        return units
+
+    def _part_shares(self, pool: StagePool | None, n: int) -> list[float]:
+        """Each function's share of a fused group's time since the last call (even shares
+        before any item)."""
+        totals = pool.part_totals() if pool is not None else []
+        if len(totals) != n:
+            return [1.0 / n] * n
+        before = self._last_parts.get(pool.stage.name, [0.0] * n)
+        self._last_parts[pool.stage.name] = totals
+        spent = [max(0.0, t - b) for t, b in zip(totals, before, strict=True)]
+        whole = sum(spent)
+        if whole <= 0:
+            return [1.0 / n] * n
+        return [x / whole for x in spent]
+
+    def _metrics(self) -> list[dict[str, Any]]:
         with self._lock:
             now = time.monotonic()
             wall = max(now - self._metrics_at, 1e-9)
@@ -452,6 +701,9 @@ class Pipeline:
                 span = worker_s - last_worker_s
                 busy_fraction = (busy - last_busy) / span if span > 0 else 0.0
                 cpu_s, runqueue_s, rss = self._stage_usage(pool, thread_cpu)
+                fn_cpu = pool.fn_cpu_total()
+                fn_cpu_s = fn_cpu - self._last_fn_cpu.get(stage.name, 0.0)
+                self._last_fn_cpu[stage.name] = fn_cpu
                 rows.append(
                     {
                         "name": stage.name,
@@ -462,6 +714,8 @@ class Pipeline:
                         "out_queue": self._inboxes[i + 1].qsize(),
                         "queue_capacity": self.queue_size,
                         "cpu_percent": 100.0 * cpu_s / wall,
+                        # CPU in the stage's function(s) alone; the rest is hand-off.
+                        "fn_cpu_percent": 100.0 * max(fn_cpu_s, 0.0) / wall,
                         "runqueue_percent": 100.0 * runqueue_s / wall,
                         "rss_mb": rss / 2**20,
                     }
@@ -478,6 +732,7 @@ class Pipeline:
             "out_queue": 0,
             "queue_capacity": self.queue_size,
             "cpu_percent": 0.0,
+            "fn_cpu_percent": 0.0,
             "runqueue_percent": 0.0,
             "rss_mb": 0.0,
         }

@@ -26,11 +26,13 @@ from typing import Any
 
 import psutil
 
+from agents.pipeline.fusion import Chain
 from agents.pipeline.inbox import Inbox
 from agents.pipeline.stage import Stage
 from agents.pipeline.worker import (
     BUSY_S,
     FIRST_OUTPUT_AT,
+    FN_CPU_S,
     HEADER,
     ITEM,
     ITEMS,
@@ -151,9 +153,17 @@ class StagePool:
         self.counters = context.RawArray("d", self.slots * WIDTH)
         # Exit status of each slot's last process worker (NaN: none yet), by the launcher.
         self.statuses = context.RawArray("d", self.slots)
+        # A fused stage times each of its functions, in seconds per slot and function.
+        self.parts = len(stage.fn.fns) if isinstance(stage.fn, Chain) else 0
+        self.part_seconds = (
+            context.RawArray("d", self.slots * self.parts) if self.parts > 1 else None
+        )
         self.zygote: Zygote | None = None
         self.active: list[WorkerHandle] = []
         self.retiring: list[WorkerHandle] = []
+        # Every worker whose threads (its own, or a process worker's relays) may still run:
+        # until they end, the worker may still put items in the queues (``quiet()``).
+        self.lingering: list[WorkerHandle] = []
         self.affinity: list[int] | None = list(stage.cpu_affinity) if stage.cpu_affinity else None
         self.deaths: dict[int, int] = {}  # seq -> workers that died on it
         self.died = 0  # process workers lost to a crash or a kill, over the pipeline's life
@@ -178,6 +188,8 @@ class StagePool:
             cpu_affinity=affinity,
             keep_heap=self.keep_heap,
             init=self.stage.init,
+            part_seconds=self.part_seconds,
+            parts=self.parts,
         )
 
     def resize(self, count: int) -> list[int]:
@@ -241,6 +253,7 @@ class StagePool:
             worker.thread.start()
             worker.native_id = worker.thread.native_id
         self.active.append(worker)
+        self.lingering.append(worker)
         return worker
 
     def _start_process(self, worker: WorkerHandle) -> None:
@@ -311,12 +324,14 @@ class StagePool:
             try:
                 worker.items.send_bytes(HEADER.pack(seq, ITEM))
                 worker.items.send_bytes(body)
-            except OSError:
-                break  # it died: its reader puts what it held back in the inbox
+            except (OSError, TypeError, ValueError):
+                # It died: its reader puts what it held back in the inbox. (TypeError and
+                # ValueError: its pipe was closed under this send once it was found dead.)
+                break
         if not worker.ended:
             try:
                 worker.items.send_bytes(HEADER.pack(-1, RETIRE))
-            except OSError:
+            except (OSError, TypeError, ValueError):
                 pass
 
     def _read(self, worker: WorkerHandle) -> None:
@@ -412,6 +427,18 @@ class StagePool:
             except (OSError, AttributeError):
                 pass  # it exited meanwhile, or the platform cannot pin
 
+    def quiet(self) -> bool:
+        """Say whether the stage has no worker left that could still put an item anywhere
+        (none active, and every former one's threads ended)."""
+        if self.active:
+            return False
+        self.lingering = [
+            w
+            for w in self.lingering
+            if any(t.is_alive() for t in ([w.thread] if w.thread is not None else w.relays))
+        ]
+        return not self.lingering
+
     def reap(self) -> None:
         """Forget retired workers that have left."""
         still = []
@@ -431,6 +458,18 @@ class StagePool:
         # Strided slices of the shared array are copied in C: the agent asks every second.
         end = self.slots * WIDTH
         return sum(self.counters[ITEMS:end:WIDTH]), sum(self.counters[BUSY_S:end:WIDTH])
+
+    def fn_cpu_total(self) -> float:
+        """CPU seconds spent inside the stage's function, over every worker it ever had."""
+        return sum(self.counters[FN_CPU_S : self.slots * WIDTH : WIDTH])
+
+    def part_totals(self) -> list[float]:
+        """A fused stage's seconds in each of its functions, summed over every worker it ever
+        had (empty for a stage of one function)."""
+        if self.part_seconds is None:
+            return []
+        end = self.slots * self.parts
+        return [sum(self.part_seconds[k : end : self.parts]) for k in range(self.parts)]
 
     def _account(self) -> None:
         now = time.monotonic()

@@ -36,7 +36,9 @@ from agents.pipeline import heap, shm
 POLL_S = 0.5
 
 # Per-worker counters in the stage's shared array, at slot * WIDTH + field.
-ITEMS, BUSY_S, FIRST_OUTPUT_AT, WIDTH = 0, 1, 2, 3
+# FN_CPU_S: CPU seconds inside the stage's function alone (no unpickling, no packing): what a
+# worker spends beyond it per item is its hand-off (tuner.layout).
+ITEMS, BUSY_S, FIRST_OUTPUT_AT, FN_CPU_S, WIDTH = 0, 1, 2, 3, 4
 
 # The header before every body on a worker's pipes: the item's number and what follows.
 HEADER = struct.Struct("<qB")
@@ -94,6 +96,10 @@ class WorkerSpec:
     cpu_affinity: list[int] | None
     keep_heap: bool = True  # see agents.pipeline.heap
     init: Callable[[int], Any] | None = None  # the stage's per-worker setup, given the slot
+    # A fused stage's per-function seconds, ``parts`` per slot (agents.pipeline.fusion.Chain)
+    part_seconds: Any = None
+    parts: int = 0
+    fn_cpu_s: float = 0.0  # CPU seconds in fn since the last count (this worker's own)
 
 
 def _apply(
@@ -122,7 +128,12 @@ def _apply(
         if isinstance(payload, shm.SharedPacket):
             packet = None if release else payload
             payload = shm.unpack(payload, release=release)
-        result = spec.fn(payload)
+        began = time.thread_time()
+        if spec.part_seconds is not None:
+            result = spec.fn.timed(payload, spec.part_seconds, spec.slot * spec.parts)
+        else:
+            result = spec.fn(payload)
+        spec.fn_cpu_s += time.thread_time() - began
         if spec.pack_prefix is not None:
             result = shm.pack(result, spec.pack_prefix, spec.shm_min_bytes)
     except BaseException as exc:  # noqa: BLE001 - SystemExit in fn is the stage's error too
@@ -149,6 +160,8 @@ def _setup(spec: WorkerSpec) -> Failure | None:
 def _count(spec: WorkerSpec, busy_s: float) -> None:
     base = spec.slot * WIDTH
     spec.counters[base + BUSY_S] += busy_s
+    spec.counters[base + FN_CPU_S] += spec.fn_cpu_s
+    spec.fn_cpu_s = 0.0
     spec.counters[base + ITEMS] += 1
     if spec.counters[base + FIRST_OUTPUT_AT] == 0.0:
         spec.counters[base + FIRST_OUTPUT_AT] = time.time()

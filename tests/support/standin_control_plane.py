@@ -107,16 +107,27 @@ class StandinControlPlane:
             self._publish_locked(host, workers or dict.fromkeys(stage_names, 1), "default")
             return host
 
-    def publish(self, host_id: int, workers: dict, source: str = "override") -> int:
-        """Publish a new allocation for a host (any content: the agent must check it)."""
+    def publish(
+        self, host_id: int, workers: dict, source: str = "override", layout: object = None
+    ) -> int:
+        """Publish a new allocation for a host (any content: the agent must check it), with a
+        ``layout`` when one is given."""
         with self.changed:
-            return self._publish_locked(self.hosts[host_id], workers, source)
+            return self._publish_locked(self.hosts[host_id], workers, source, layout)
 
-    def _publish_locked(self, host: StoredHost, workers: dict, source: str) -> int:
+    def _publish_locked(
+        self, host: StoredHost, workers: dict, source: str, layout: object = None
+    ) -> int:
         version = len(host.allocations) + 1
-        host.allocations.append(
-            {"version": version, "workers": workers, "source": source, "created_at": time.time()}
-        )
+        allocation = {
+            "version": version,
+            "workers": workers,
+            "source": source,
+            "created_at": time.time(),
+        }
+        if layout is not None:
+            allocation["layout"] = layout
+        host.allocations.append(allocation)
         self.changed.notify_all()
         return version
 

@@ -151,6 +151,8 @@ class Allocation(models.Model):
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="allocations")
     version = models.PositiveIntegerField()
     workers = models.JSONField()
+    # Which neighbouring stages run fused (agents.layout); null: every stage alone, as before.
+    layout = models.JSONField(null=True, blank=True)
     source = models.CharField(max_length=8, choices=Source.choices)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     refusal_reason = models.TextField(blank=True, default="")

@@ -8,6 +8,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from agents.budget import HostBudget, StageBudget, allocation_problems, cpu_slots
+from agents.layout import group_names, layout_problem, workers_problem
 from webapp import pubsub
 
 from .models import Allocation, AuditEntry, Host, Job, Stage
@@ -75,19 +76,52 @@ class Budget(NamedTuple):
     stages: list[StageBudget]
 
 
-def validate_allocation(host: Host, workers: object, budget: Budget) -> dict[str, int]:
+def validate_allocation(
+    host: Host, workers: object, budget: Budget, layout: object = None
+) -> dict[str, int]:
     """Check an allocation against the job's stages and the host's budget (agents.budget).
 
     ``budget`` is the host's, as measured (``webapp.ingestion.services.host_budget``); a
     caller that showed a tuner the budget passes the same one, so that what the tuner allowed
-    is what is checked. Raises ValidationError with
-    every problem found, each saying what is wrong and the limit.
+    is what is checked. With a ``layout`` (agents.layout) ``workers`` names its groups, each
+    checked as its stages would be together (see ``group_budgets``). Raises ValidationError
+    with every problem found, each saying what is wrong and the limit.
     """
-    problems = allocation_problems(workers, budget.stages, budget.host)
+    stages = budget.stages
+    if layout is not None:
+        problem = layout_problem(layout, [s.name for s in budget.stages])
+        if problem:
+            raise ValidationError({"layout": [problem]})
+        problem = workers_problem(layout, workers)
+        if problem:
+            raise ValidationError({"workers": [problem]})
+        stages = group_budgets(layout, budget.stages)
+    problems = allocation_problems(workers, stages, budget.host)
     if problems:
         raise ValidationError({"workers": problems})
     assert isinstance(workers, Mapping)
-    return {stage.name: workers[stage.name] for stage in budget.stages}
+    return {stage.name: workers[stage.name] for stage in stages}
+
+
+def group_budgets(layout: list[list[str]], stages: list[StageBudget]) -> list[StageBudget]:
+    """A layout's groups as the budget counts them: a group's ceiling is its stages' lowest,
+    a worker takes the most CPU slots any of its stages takes (it runs them all in turn), and
+    the memory of all of them (unknown if any is)."""
+    by_name = {s.name: s for s in stages}
+    result = []
+    for group, name in zip(layout, group_names(layout), strict=True):
+        parts = [by_name[n] for n in group]
+        ceilings = [p.max_workers for p in parts if p.max_workers is not None]
+        memory = [p.memory_mb_per_worker for p in parts]
+        result.append(
+            StageBudget(
+                name,
+                max_workers=min(ceilings) if ceilings else None,
+                worker_cpu=max(p.worker_cpu for p in parts),
+                memory_mb_per_worker=None if None in memory else sum(memory),
+            )
+        )
+    return result
 
 
 # A host's budget is measured from its stored samples, which the ingestion app owns (and which
@@ -107,7 +141,9 @@ def budget_summary(host: Host) -> dict | None:
     return _budget_summary(host) if _budget_summary is not None else None
 
 
-def create_allocation(host: Host, workers: dict[str, int], source: str, user=None) -> Allocation:
+def create_allocation(
+    host: Host, workers: dict[str, int], source: str, user=None, layout: list | None = None
+) -> Allocation:
     """Store the next allocation version of a host and announce it once the transaction commits.
 
     The host row is locked so that concurrent writers (a tuning step, an override) get
@@ -120,7 +156,12 @@ def create_allocation(host: Host, workers: dict[str, int], source: str, user=Non
             status=Allocation.Status.SUPERSEDED
         )
         allocation = Allocation.objects.create(
-            host=locked, version=version, workers=workers, source=source, created_by=user
+            host=locked,
+            version=version,
+            workers=workers,
+            layout=layout,
+            source=source,
+            created_by=user,
         )
         Host.objects.filter(pk=host.pk).update(allocation_version=version)
         host.allocation_version = version

@@ -35,10 +35,12 @@ def active_override(host: Host) -> Override | None:
     return host.overrides.in_force()
 
 
-def check_allocation(host: Host, workers: object, budget: Budget | None = None) -> dict[str, int]:
+def check_allocation(
+    host: Host, workers: object, budget: Budget | None = None, layout: object = None
+) -> dict[str, int]:
     """``validate_allocation`` against the host's budget as measured (``host_budget``), or
     the one given (ValidationError with every problem)."""
-    return validate_allocation(host, workers, budget or host_budget(host))
+    return validate_allocation(host, workers, budget or host_budget(host), layout)
 
 
 def start_tuning(
@@ -248,9 +250,12 @@ def fail_session(session_id: int, error: str) -> None:
 
 
 @transaction.atomic
-def set_override(host: Host, user, *, workers, reason: str, expires_at=None) -> Override:
-    """Put a person's allocation in force; the policy on this host pauses until it ends."""
-    clean = check_allocation(host, workers)
+def set_override(
+    host: Host, user, *, workers, reason: str, expires_at=None, layout=None
+) -> Override:
+    """Put a person's allocation in force (in ``layout``, if given: agents.layout); the
+    policy on this host pauses until it ends."""
+    clean = check_allocation(host, workers, layout=layout)
     if not reason or not reason.strip():
         raise ValidationError({"reason": "say why you override the policy"})
     if expires_at is not None and expires_at <= timezone.now():
@@ -259,7 +264,9 @@ def set_override(host: Host, user, *, workers, reason: str, expires_at=None) -> 
     Override.objects.filter(host=host, ended_at__isnull=True).update(
         ended_at=now, ended_by=user, end_reason="replaced"
     )
-    allocation = create_allocation(host, clean, Allocation.Source.OVERRIDE, user=user)
+    allocation = create_allocation(
+        host, clean, Allocation.Source.OVERRIDE, user=user, layout=layout
+    )
     override = Override.objects.create(
         host=host,
         workers=clean,
@@ -273,6 +280,7 @@ def set_override(host: Host, user, *, workers, reason: str, expires_at=None) -> 
         "override.set",
         host=host,
         workers=clean,
+        layout=layout,
         reason=override.reason,
         expires_at=expires_at.isoformat() if expires_at else None,
         version=allocation.version,

@@ -11,6 +11,7 @@ run with every thread's stack, which is what a hang looks like.
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
 import os
 import queue
 import random
@@ -23,11 +24,13 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
-from agents.pipeline import Pipeline, Stage, StageFailed, shm
+from agents.pipeline import LayoutBusy, Pipeline, Stage, StageFailed, shm
 
 # Bounds (seconds). Generous for a 2-core machine kept busy, still far below a hang.
 APPLY_BOUND_S = 5.0
 STOP_BOUND_S = 6.0  # stop_timeout_s (2) + kill + joins
+RELAYOUT_TIMEOUT_S = 2.0  # how long a relayout waits for the last one to empty
+RELAYOUT_BOUND_S = RELAYOUT_TIMEOUT_S + 3.0
 ITEM_BOUND_S = 30.0  # the longest the consumer may wait for one item
 SIZES = [8, 1024, 40_000, 200_000, 2_000_000]  # bytes; the shm threshold is 64 kB
 
@@ -83,6 +86,7 @@ class Scenario:
     source_size: int
     queue_size: int
     operations: list[tuple] = field(default_factory=list)
+    layout: list[str] | None = None  # the groups of stages fused at the start
 
     @property
     def raises_at(self) -> int | None:
@@ -104,13 +108,16 @@ class Scenario:
             queue_size=self.queue_size,
             name="stress",
             max_item_retries=50,  # kills are random: an item may be unlucky a few times
+            layout=self.layout,
         )
 
 
 @st.composite
-def scenarios(draw, max_stages: int = 6, max_items: int = 120, max_operations: int = 8):
+def scenarios(
+    draw, max_stages: int = 6, max_items: int = 120, max_operations: int = 8, min_stages: int = 1
+):
     """Random pipeline shapes with random operations."""
-    n = draw(st.integers(1, max_stages))
+    n = draw(st.integers(min_stages, max_stages))
     items = draw(st.integers(0, max_items))
     kinds = draw(st.lists(st.sampled_from(["thread", "process"]), min_size=n, max_size=n))
     steps = []
@@ -154,6 +161,87 @@ def scenarios(draw, max_stages: int = 6, max_items: int = 120, max_operations: i
     )
 
 
+def _layouts(names: list[str]):
+    """Random layouts of ``names``: each gap between neighbours cut or not."""
+    return st.lists(st.booleans(), min_size=len(names) - 1, max_size=len(names) - 1).map(
+        lambda cuts: _groups(names, cuts)
+    )
+
+
+@st.composite
+def _relayouts(draw, names: list[str]):
+    """A relayout operation: the new groups, and worker counts for some of them (or none)."""
+    groups = draw(_layouts(names))
+    allocation = draw(st.none() | st.dictionaries(st.sampled_from(groups), st.integers(1, 4)))
+    return ("relayout", groups, allocation, RELAYOUT_TIMEOUT_S)
+
+
+def _groups(names: list[str], cuts: list[bool]) -> list[str]:
+    groups, current = [], [names[0]]
+    for name, cut in zip(names[1:], cuts, strict=True):
+        if cut:
+            groups.append("+".join(current))
+            current = []
+        current.append(name)
+    return [*groups, "+".join(current)]
+
+
+@st.composite
+def relayout_scenarios(draw, max_items: int = 120, max_operations: int = 10):
+    """Pipelines of 2 to 5 stages whose layout changes live, among resizes, kills of worker
+    processes and a CPU burner started and stopped."""
+    scenario = draw(scenarios(max_stages=5, max_items=max_items, max_operations=0, min_stages=2))
+    names = [s.name for s in scenario.steps]
+    n = len(names)
+    operation = st.one_of(
+        _relayouts(names),
+        st.tuples(st.just("apply"), st.dictionaries(st.sampled_from(names), st.integers(1, 4))),
+        st.tuples(st.just("consume"), st.integers(0, 30)),
+        st.tuples(st.just("burn"), st.booleans()),
+        *(
+            [st.tuples(st.just("kill"), st.integers(0, n - 1))]
+            if "process" in scenario.kinds
+            else []
+        ),
+    )
+    scenario.layout = draw(_layouts(names))
+    scenario.operations = draw(st.lists(operation, min_size=2, max_size=max_operations))
+    return scenario
+
+
+def _in_layout(pipeline: Pipeline, allocation: dict[str, int]) -> dict[str, int]:
+    """An allocation of the stages as written, for the groups the pipeline runs now (a
+    group gets the most any of its stages asks)."""
+    group_of = {unit: group for group in pipeline.stage_names for unit in group.split("+")}
+    result: dict[str, int] = {}
+    for unit, count in allocation.items():
+        group = group_of.get(unit, unit)
+        result[group] = max(result.get(group, 1), count)
+    return result
+
+
+class Burner:
+    """A process that keeps one CPU busy, started and stopped by the test."""
+
+    def __init__(self) -> None:
+        self.process = None
+
+    def set(self, on: bool) -> None:
+        """Start the burner (``True``) or kill it (``False``)."""
+        if on and self.process is None:
+            self.process = multiprocessing.get_context("fork").Process(target=_burn, daemon=True)
+            self.process.start()
+        elif not on and self.process is not None:
+            self.process.kill()
+            self.process.join(5)
+            self.process = None
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
 class Hang(AssertionError):
     """An operation did not finish within its bound."""
 
@@ -192,6 +280,9 @@ class Tally:
     hangs: int = 0
     longest_stop_s: float = 0.0
     longest_apply_s: float = 0.0
+    relayouts: int = 0
+    relayouts_busy: int = 0  # refused with LayoutBusy: the last change still emptying
+    longest_relayout_s: float = 0.0
 
 
 _DONE = object()
@@ -237,7 +328,9 @@ class Consumer:
 
 
 def _kill_a_worker(pipeline: Pipeline, stage: int, rng: random.Random) -> bool:
-    workers = [w for w in pipeline._pools[stage].active if w.pid is not None and not w.ended]
+    pools = pipeline._pools  # of the layout now; with relayouts, also those still emptying
+    pools = [pools[stage % len(pools)], *(p for run in pipeline._draining for p in run)]
+    workers = [w for pool in pools for w in pool.active + pool.retiring if w.pid and not w.ended]
     if not workers:
         return False
     rng.choice(workers).signal(signal.SIGKILL)
@@ -248,6 +341,7 @@ def run_scenario(scenario: Scenario, tally: Tally, seed: int = 0) -> None:
     """Run one scenario and check what the consumer got; raise on a hang or a wrong result."""
     rng = random.Random(seed)
     pipeline = scenario.build()
+    burner = Burner()
     tally.runs += 1
     received: list[int] = []
     consumer = None
@@ -258,8 +352,24 @@ def run_scenario(scenario: Scenario, tally: Tally, seed: int = 0) -> None:
             tally.operations += 1
             kind = operation[0]
             if kind == "apply":
-                _, took = bounded("apply", APPLY_BOUND_S, pipeline.apply, operation[1])
+                allocation = _in_layout(pipeline, operation[1])
+                _, took = bounded("apply", APPLY_BOUND_S, pipeline.apply, allocation)
                 tally.longest_apply_s = max(tally.longest_apply_s, took)
+            elif kind == "relayout":
+                before = pipeline.layout
+                try:
+                    _, took = bounded(
+                        "relayout", RELAYOUT_BOUND_S, pipeline.relayout, *operation[1:]
+                    )
+                    tally.relayouts += 1
+                    assert pipeline.layout == [g.split("+") for g in operation[1]]
+                except LayoutBusy:
+                    tally.relayouts_busy += 1
+                    took = RELAYOUT_TIMEOUT_S
+                    assert pipeline.layout == before, "a refused layout change changed the layout"
+                tally.longest_relayout_s = max(tally.longest_relayout_s, took)
+            elif kind == "burn":
+                burner.set(operation[1])
             elif kind == "consume":
                 consumer.take(operation[1], received)
             elif kind == "kill":
@@ -278,6 +388,7 @@ def run_scenario(scenario: Scenario, tally: Tally, seed: int = 0) -> None:
         tally.hangs += 1
         raise
     finally:
+        burner.set(False)
         if consumer is not None:
             consumer.done.set()
         _, took = bounded("stop", STOP_BOUND_S, pipeline.stop)
@@ -313,7 +424,7 @@ def _check_complete(scenario: Scenario, received: list[int], error: BaseExceptio
     # The worker's traceback, down to the line that raised.
     assert "refuses item" in str(error) and "raise ValueError" in error.traceback_text
     raising = {s.name for s in scenario.steps if s.behaviour == "raise"}
-    assert error.stage in raising
+    assert raising & set(error.stage.split("+")), error.stage  # a fused group names its stages
     assert len(received) == len(set(received)), "an item arrived twice"
     if all(scenario.ordered):
         assert received == _expected(scenario)

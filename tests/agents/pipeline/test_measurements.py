@@ -7,7 +7,7 @@ from agents.pipeline.examples import Work
 
 KEYS = {
     "name", "workers", "items_per_s", "busy_fraction", "in_queue", "out_queue",
-    "queue_capacity", "cpu_percent", "runqueue_percent", "rss_mb",
+    "queue_capacity", "cpu_percent", "fn_cpu_percent", "runqueue_percent", "rss_mb",
 }  # fmt: skip
 
 

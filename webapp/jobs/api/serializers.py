@@ -157,6 +157,7 @@ class AllocationSerializer(serializers.ModelSerializer):
         fields = [
             "version",
             "workers",
+            "layout",
             "source",
             "status",
             "refusal_reason",
@@ -164,6 +165,14 @@ class AllocationSerializer(serializers.ModelSerializer):
             "created_at",
             "applied_at",
         ]
+
+    def to_representation(self, instance: Allocation) -> dict:
+        """The allocation; ``layout`` only where it has one, so that an allocation without
+        one reads exactly as before (docs/agent-protocol.md)."""
+        data = super().to_representation(instance)
+        if data.get("layout") is None:
+            data.pop("layout", None)
+        return data
 
 
 class ActiveOverrideSerializer(serializers.Serializer):

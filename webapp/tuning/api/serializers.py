@@ -81,6 +81,14 @@ class WorkersField(serializers.DictField):
 
 class OverrideSerializer(StrictModelSerializer):
     workers = WorkersField()
+    # Which stages run fused (agents.layout); webapp.jobs.services.validate_allocation checks it.
+    layout = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        write_only=True,
+        help_text='groups of neighbouring stages to run fused, e.g. [["read", "parse"], '
+        '["transform", "collate"]]; workers then names each group "read+parse"',
+    )
     reason = StrictCharField(
         max_length=2000,
         validators=[FullMatch(NOT_BLANK_TEXT, "say why you override the policy")],
@@ -96,6 +104,7 @@ class OverrideSerializer(StrictModelSerializer):
         fields = [
             "id",
             "workers",
+            "layout",
             "reason",
             "expires_at",
             "created_by",

@@ -123,6 +123,7 @@ class HostOverrideView(APIView):
             workers=data["workers"],
             reason=data["reason"],
             expires_at=data.get("expires_at"),
+            layout=data.get("layout"),
         )
         return Response(OverrideSerializer(override).data)
 
