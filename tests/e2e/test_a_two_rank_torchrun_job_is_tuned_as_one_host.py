@@ -28,7 +28,7 @@ from agents.budget import AGENT_WAITING_TOLERANCE, WorkerCpuMeter
 from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
 from webapp.stack.supervisor import wait_until
 
-# 48 to 88 s alone on this 2-core machine, 93 to 203 s beside two busy loops (load 7 to 18).
+# 48 to 88 s alone on this 2-core machine, 58 to 203 s beside two busy loops (load 4 to 18).
 # The waits below add up to 210 s at most, and the live stack (this module's own) starts within
 # the same limit. Back in `make test` after the two causes of its failures beside two busy loops
 # were found: the ranks' shares moved at once, so one rank grew before the other shrank (14
