@@ -94,7 +94,11 @@ def attach(
 
     def host_here(listener: Any) -> host_ranks.HostedAgent:
         hub = host_ranks.HostPipelines(
-            listener, world, stages=host_ranks.stage_infos(pipeline), interval_s=config.interval_s
+            listener,
+            world,
+            stages=host_ranks.stage_infos(pipeline),
+            interval_s=config.interval_s,
+            rebalance_s=config.rebalance_s,
         ).start()
         try:
             agent = Agent(hub, config).start()

@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the ranks' socket: a path or @name (abstract); default INTUNE_RANK_SOCKET or a "
         "name derived from --url and the host id, as agents.attach() derives it",
     )
+    ranks.add_argument(
+        "--rebalance",
+        type=float,
+        default=10.0,
+        help="seconds between re-splits of the allocation among the ranks by their measured "
+        "need, when worth it (0: split only when an allocation arrives; default %(default)s)",
+    )
     work = p.add_argument_group("pipeline and training")
     work.add_argument(
         "--pipeline",
@@ -386,7 +393,9 @@ def serve_ranks(args: argparse.Namespace, config: Any, stop: threading.Event, re
         raise SystemExit(
             f"another agent serves this host's ranks on {address.replace(chr(0), '@')} already"
         )
-    hub = host_ranks.HostPipelines(listener, args.ranks, interval_s=args.interval).start()
+    hub = host_ranks.HostPipelines(
+        listener, args.ranks, interval_s=args.interval, rebalance_s=args.rebalance or None
+    ).start()
     deadline = time.monotonic() + args.seconds if args.seconds else None
     agent = None
     try:

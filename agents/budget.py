@@ -63,6 +63,11 @@ AGENT_WAITING_TOLERANCE = 0.2
 #: workers: a busy fraction moves by a few tens of percent from one second to the next on a
 #: shared host, and a split that followed it would move workers back and forth for nothing.
 ALIKE_WITHIN = 1.5
+#: The host agent moves its ranks to a new split of the allocation in force, without a new
+#: allocation, only when the split lightens the most loaded rank of some stage by this factor
+#: (:func:`split_gain`): needs drift by a few tens of percent from one report to the next, and a
+#: move stops and starts workers (a process worker takes about a second to be useful).
+REBALANCE_GAIN = 1.25
 #: The agent's default memory budget, as a fraction of the host's (cgroup) memory limit.
 MEMORY_BUDGET_FRACTION = 0.8
 # Room for float sums: 0.1 * 3 slots must fit in 0.3.
@@ -445,3 +450,33 @@ def split_across_ranks(
         for rank in ranks:
             split[rank][stage] = 1 + extra[rank]
     return split
+
+
+def split_gain(
+    needs: Mapping[int, Mapping[str, float]],
+    current: Mapping[int, Mapping[str, int]],
+    new: Mapping[int, Mapping[str, int]],
+) -> float:
+    """How much ``new`` lightens the most loaded rank against ``current``: the largest, over the
+    stages, of ``max(need / workers)`` over the ranks under ``current`` divided by the same
+    under ``new``; 1.0 when nothing can be said (a rank or stage not measured, or no change).
+
+    DDP steps at the pace of its slowest rank, and a stage's slowest rank is the one whose
+    workers each carry the most of its need (busy workers, :func:`rank_need`); a split that
+    lowers that load by a factor lets the stage keep up with that factor more samples/s.
+    """
+    ranks = sorted(new)
+    if not ranks or sorted(current) != ranks or sorted(needs) != ranks:
+        return 1.0
+    gain = 1.0
+    for stage in new[ranks[0]]:
+        try:
+            need = {r: float(needs[r][stage]) for r in ranks}
+            before = max(need[r] / current[r][stage] for r in ranks)
+            after = max(need[r] / new[r][stage] for r in ranks)
+        except (KeyError, ZeroDivisionError, TypeError):
+            continue
+        if min(need.values()) <= 0 or after <= 0:
+            continue
+        gain = max(gain, before / after)
+    return gain

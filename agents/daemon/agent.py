@@ -94,6 +94,10 @@ class AgentConfig:
     """Serve Prometheus metrics on this port (0: any free port); ``None``: off."""
     first_seq: int | None = None
     """First sequence number; ``None``: milliseconds since the epoch, above any earlier run."""
+    rebalance_s: float | None = 10.0
+    """On a multi-rank host, seconds between re-splits of the allocation in force among the
+    ranks by their measured need, made only when worth it (``agents.budget.REBALANCE_GAIN``);
+    ``None``: split only when an allocation arrives."""
 
 
 class Agent:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.budget import rank_need, split_across_ranks
+from agents.budget import REBALANCE_GAIN, rank_need, split_across_ranks, split_gain
 from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
 
 log = logging.getLogger("agents.daemon.ranks")
@@ -48,6 +48,8 @@ STALE_INTERVALS = 5
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
 SOCKET_ENV = "INTUNE_RANK_SOCKET"
+#: Seconds between two looks of the host agent at its ranks' needs (:meth:`HostPipelines.rebalance`).
+REBALANCE_S = 10.0
 
 
 def socket_address(spec: str) -> str:
@@ -229,6 +231,7 @@ class HostPipelines:
         stages: list[StageInfo] | None = None,
         interval_s: float = 1.0,
         apply_timeout_s: float = 10.0,
+        rebalance_s: float | None = REBALANCE_S,
     ) -> None:
         if ranks < 1:
             raise ValueError(f"a host runs at least one rank, got {ranks}")
@@ -236,6 +239,8 @@ class HostPipelines:
         self.ranks = int(ranks)
         self.interval_s = interval_s
         self.apply_timeout_s = apply_timeout_s
+        self.rebalance_s = rebalance_s
+        self.rebalances = 0  # moves made by rebalance(), without a new allocation
         self._stages = list(stages) if stages else None
         self._lock = threading.Condition()
         self._connected: dict[int, _Rank] = {}
@@ -243,6 +248,8 @@ class HostPipelines:
         # Each rank's share of the allocation in force (split_across_ranks), by rank.
         self._split: dict[int, dict[str, int]] = {}
         self._generation = 0
+        # Held for the whole of a move of the ranks' shares (an allocation, a rebalance).
+        self._moving = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -253,6 +260,12 @@ class HostPipelines:
         t = threading.Thread(target=self._accept_loop, name="intune-ranks-accept", daemon=True)
         t.start()
         self._threads.append(t)
+        if self.rebalance_s:
+            t = threading.Thread(
+                target=self._rebalance_loop, name="intune-ranks-rebalance", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
         return self
 
     def stop(self) -> None:
@@ -357,34 +370,136 @@ class HostPipelines:
         (:func:`agents.budget.split_across_ranks`): the host's total per stage is kept, ranks
         that measure alike get ``workers`` each, and a rank that has not reported counts as
         the mean of the others."""
+        return split_across_ranks(workers, self._needs(ranks), self._bounds())
+
+    def _needs(self, ranks: list[int]) -> dict[int, dict[str, float]]:
         with self._lock:
             reports = {rank: self._connected[rank].report for rank in ranks}
-        needs = {
+        return {
             rank: rank_need(report["stages"]) if report else {} for rank, report in reports.items()
         }
-        bounds = {s.name: s.max_workers for s in self.stages}
-        return split_across_ranks(workers, needs, bounds)
+
+    def _bounds(self) -> dict[str, int | None]:
+        return {s.name: s.max_workers for s in self.stages}
+
+    def rebalance(self) -> bool:
+        """Split the allocation in force again by the ranks' newest needs, and move the ranks
+        to the new split when it lightens a stage's most loaded rank by
+        :data:`~agents.budget.REBALANCE_GAIN` or more (:func:`agents.budget.split_gain`);
+        return whether they moved.
+
+        An allocation is split when it arrives; the ranks' needs drift after (one rank's shard
+        is slower, its cache colder), and the control plane may keep its decision for long.
+        Nothing moves until every connected rank reported lately, nor when fewer than two
+        are connected. The move is :meth:`_move`'s, shrink first; a rank that refuses leaves
+        the ranks where they were."""
+        with self._moving:
+            with self._lock:
+                in_force = None if self._in_force is None else dict(self._in_force)
+                targets = list(self._connected.values())
+                current = {r.rank: dict(r.allocation) for r in targets}
+            live = {rank for rank, _, _ in self._live_reports()}
+            if in_force is None or len(targets) < 2 or any(r.rank not in live for r in targets):
+                return False
+            needs = self._needs([r.rank for r in targets])
+            new = split_across_ranks(in_force, needs, self._bounds())
+            if new == current:
+                return False
+            gain = split_gain(needs, current, new)
+            if gain < REBALANCE_GAIN:
+                return False
+            refused = self._move(targets, new)
+            if refused:
+                log.warning("rebalance %s refused (%s); moving back", new, refused)
+                self._move([r for r in targets if r.rank not in refused], current)
+                return False
+            with self._lock:
+                self._split = new
+            self.rebalances += 1
+        log.info(
+            "rebalanced the ranks' shares of %s by their needs (%.2fx lighter): %s -> %s",
+            in_force, gain, current, new,
+        )  # fmt: skip
+        return True
+
+    def _rebalance_loop(self) -> None:
+        while not self._stop.wait(self.rebalance_s):
+            try:
+                self.rebalance()
+            except Exception:  # the next look may do better; the agent goes on meanwhile
+                log.exception("rebalancing the ranks failed")
 
     def apply(self, workers: dict[str, int]) -> None:
         """Send a per-rank allocation to every connected rank, split among them by what each
         measured it needs (:meth:`split`), and wait (bounded) for each to apply its share; a
-        rank that refuses refuses it for the host (the ranks that applied it go back to their
-        previous share), a rank silent past ``apply_timeout_s`` is disconnected (it reconnects
-        and is sent its share in force). Ranks that connect later get theirs too."""
+        rank that refuses refuses it for the host (the ranks go back to their previous share),
+        a rank silent past ``apply_timeout_s`` is disconnected (it reconnects and is sent its
+        share in force). Ranks that connect later get theirs too.
+
+        The ranks move shrink first (:meth:`_move`): at no moment do they run more workers of
+        a stage than the old or the new allocation gives the host."""
         workers = {str(k): int(v) for k, v in workers.items()}
+        with self._moving:
+            with self._lock:
+                previous = self._in_force
+                previous_split = dict(self._split)
+                targets = list(self._connected.values())
+            split = self.split(workers, [r.rank for r in targets])
+            with self._lock:
+                self._in_force = dict(workers)
+                self._split = split
+            refused = self._move(targets, {r.rank: split.get(r.rank, workers) for r in targets})
+            if not refused:
+                return
+            with self._lock:
+                self._in_force = previous
+                self._split = previous_split
+            if previous is not None:
+                back = {r.rank: previous_split.get(r.rank, previous) for r in targets}
+                self._move([r for r in targets if r.rank not in refused], back)
+        raise RuntimeError(
+            "; ".join(f"rank {rank} refused it: {reason}" for rank, reason in refused.items())
+        )
+
+    def _move(self, targets: list[_Rank], shares: dict[int, dict[str, int]]) -> dict[int, str]:
+        """Bring each of ``targets`` to its share, shrink before grow; return the ranks that
+        refused, with their reasons (then the move stopped where it was).
+
+        Sent at once, a share that grows could start its workers before another rank's share
+        that shrinks had stopped its own, and the host would run more than its slots in
+        between (a 2-rank job was seen at 14 workers on 12 slots). So each rank first goes to
+        the smaller of its current and its new count per stage, and once every rank has
+        answered, the ranks that grow are sent their share."""
+        with self._lock:
+            current = {r.rank: dict(r.allocation) for r in targets}
+        shrunk = {
+            rank: {
+                stage: min(count, current[rank].get(stage, count)) for stage, count in share.items()
+            }
+            for rank, share in shares.items()
+        }
+        for step in (shrunk, shares):
+            moving = [r for r in targets if step[r.rank] != current[r.rank]]
+            refused = self._send_and_wait(moving, step)
+            if refused:
+                return refused
+            current = {rank: dict(share) for rank, share in step.items()}
+        return {}
+
+    def _send_and_wait(
+        self, targets: list[_Rank], shares: dict[int, dict[str, int]]
+    ) -> dict[int, str]:
+        """Send each rank its share under a new generation and wait (bounded) for the answers;
+        disconnect the ranks silent past ``apply_timeout_s``; return those that refused."""
+        if not targets:
+            return {}
         with self._lock:
             self._generation += 1
             generation = self._generation
-            previous = self._in_force
-            previous_split = dict(self._split)
-            targets = list(self._connected.values())
-        split = self.split(workers, [r.rank for r in targets])
-        with self._lock:
-            self._in_force = dict(workers)
-            self._split = split
         for r in targets:
-            share = split.get(r.rank, workers)
-            self._send(r, {"type": "allocation", "generation": generation, "workers": share})
+            self._send(
+                r, {"type": "allocation", "generation": generation, "workers": shares[r.rank]}
+            )
         deadline = time.monotonic() + self.apply_timeout_s
         with self._lock:
             self._lock.wait_for(
@@ -395,27 +510,15 @@ class HostPipelines:
             )
             answers = {r.rank: r.answers.get(generation, "") for r in targets}
             still = {r.rank: self._connected.get(r.rank) is r for r in targets}
-        silent = [r for r in targets if answers[r.rank] == "" and still[r.rank]]
-        for r in silent:
-            log.warning(
-                "rank %d did not answer allocation %s in time; disconnecting it", r.rank, workers
-            )
-            self._drop(r)
-        refused = {rank: reason for rank, reason in answers.items() if reason}
-        if refused:
-            with self._lock:
-                self._in_force = previous
-                self._split = previous_split
-            if previous is not None:
-                for r in targets:
-                    if answers[r.rank] is None:
-                        back = previous_split.get(r.rank, previous)
-                        self._send(
-                            r, {"type": "allocation", "generation": generation, "workers": back}
-                        )
-            raise RuntimeError(
-                "; ".join(f"rank {rank} refused it: {reason}" for rank, reason in refused.items())
-            )
+        for r in targets:
+            if answers[r.rank] == "" and still[r.rank]:
+                log.warning(
+                    "rank %d did not answer allocation %s in time; disconnecting it",
+                    r.rank,
+                    shares[r.rank],
+                )
+                self._drop(r)
+        return {rank: reason for rank, reason in answers.items() if reason}
 
     # -- the socket -------------------------------------------------------------------------
 
@@ -528,12 +631,28 @@ class HostPipelines:
                 )
                 if kind == "applied":
                     r.allocation = dict(message.get("allocation") or r.allocation)
+                    _restate_workers(r.report, r.allocation)
                 # Keep the answers of the last few generations only.
                 for old in [g for g in r.answers if g < generation - 8]:
                     del r.answers[old]
                 self._lock.notify_all()
             else:
                 raise ValueError(f"unknown message type {kind!r}")
+
+
+def _restate_workers(report: dict | None, allocation: Mapping[str, int]) -> None:
+    """Make a rank's last report say the workers it has applied since.
+
+    The host sums the ranks' last reports; one sent before a rank shrank, summed with another
+    rank's sent after it grew, would count workers that no longer run. The busy workers the
+    report measured stay (they are the rank's need), spread over the new count."""
+    for stage in (report or {}).get("stages", []):
+        count = allocation.get(stage.get("name"))
+        if count is None or count == stage.get("workers"):
+            continue
+        busy = float(stage.get("workers") or 0) * float(stage.get("busy_fraction") or 0)
+        stage["workers"] = int(count)
+        stage["busy_fraction"] = min(1.0, busy / count) if count else 0.0
 
 
 class RankLink:

@@ -83,6 +83,50 @@ def _agree_to_stop(stop: bool) -> bool:
     return bool(flag.item())
 
 
+def reduce_sparse_gradients(tables: list[torch.Tensor]) -> None:
+    """Average the embedding tables' sparse gradients over the ranks, as DDP averages the dense
+    ones: every rank's rows and values gathered, divided by the world size.
+
+    DDP reduces a sparse gradient with gloo's sparse all-reduce, one per table, on gloo's
+    worker thread. Under CPU load that path corrupted the heap of a rank process (SIGSEGV and
+    SIGABRT in the gloo thread, 4 of 17 runs of this entry beside two busy loops, in
+    ``AsyncSparseAllreduceWork``'s coalesce and in the allocations of the next all-reduce).
+    Here one dense all-gather of sizes and two of padded rows and values carry the same
+    figures; the tables are left out of DDP (``_set_params_and_buffers_to_ignore_for_model``).
+    """
+    world = dist.get_world_size()
+    grads = [t.grad for t in tables]
+    if any(g is not None and not g.is_sparse for g in grads):
+        raise ValueError("reduce_sparse_gradients takes tables with sparse gradients only")
+    dim = tables[0].shape[1]
+    rows = [g._indices()[0] if g is not None else torch.empty(0, dtype=torch.int64) for g in grads]
+    values = [g._values() if g is not None else torch.empty(0, dim) for g in grads]
+    counts = torch.tensor([r.numel() for r in rows], dtype=torch.int64)
+    every_count = [torch.empty_like(counts) for _ in range(world)]
+    dist.all_gather(every_count, counts)
+    totals = [int(c.sum()) for c in every_count]
+    longest = max(totals)
+    mine = torch.zeros(longest, dtype=torch.int64)
+    mine_values = torch.zeros(longest, dim, dtype=values[0].dtype)
+    mine[: totals[dist.get_rank()]] = torch.cat(rows)
+    mine_values[: totals[dist.get_rank()]] = torch.cat(values)
+    every_row = [torch.empty_like(mine) for _ in range(world)]
+    every_value = [torch.empty_like(mine_values) for _ in range(world)]
+    dist.all_gather(every_row, mine)
+    dist.all_gather(every_value, mine_values)
+    for t, table in enumerate(tables):
+        parts_rows, parts_values = [], []
+        for r in range(world):
+            start = int(every_count[r][:t].sum())
+            end = start + int(every_count[r][t])
+            parts_rows.append(every_row[r][start:end])
+            parts_values.append(every_value[r][start:end])
+        index = torch.cat(parts_rows).unsqueeze(0)
+        table.grad = torch.sparse_coo_tensor(
+            index, torch.cat(parts_values) / world, table.shape, check_invariants=True
+        ).coalesce()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train on this rank until the ranks agree to stop; return the exit status."""
     args = build_parser().parse_args(argv)
@@ -101,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     pipeline.start()
     trainer = Trainer(ModelConfig(), device="cpu")
+    tables = [table.weight for table in trainer.model.tables]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        trainer.model, [f"tables.{i}.weight" for i in range(len(tables))]
+    )
     trainer.model = DistributedDataParallel(trainer.model)
+    trainer.after_backward = lambda: reduce_sparse_gradients(tables)
     attached: Any = None
     if not args.no_agent:
         from agents import attach

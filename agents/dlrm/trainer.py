@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -34,6 +34,9 @@ class Trainer:
 
     def __init__(self, model_config: ModelConfig | None = None, device: str | None = None) -> None:
         self.config = model_config or ModelConfig()
+        #: Called after each backward pass, before the optimiser step (a DDP job reduces the
+        #: embedding tables' sparse gradients there: ``agents.dlrm.ddp``).
+        self.after_backward: Callable[[], None] | None = None
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = DLRM(self.config).to(self.device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config.learning_rate)
@@ -55,6 +58,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model(batch), batch["labels"])
         loss.backward()
+        if self.after_backward is not None:
+            self.after_backward()
         self.optimizer.step()
         return float(loss.detach())  # synchronises the device: the step is over when it returns
 

@@ -216,7 +216,7 @@ class StagePool:
         for worker in dead:
             self._account()
             self.active.remove(worker)
-            worker.close()
+            self.retiring.append(worker)  # closed by reap() once its relays have left
         for _ in dead:
             self._start_worker()
         return dead
@@ -443,7 +443,10 @@ class StagePool:
         """Forget retired workers that have left."""
         still = []
         for worker in self.retiring:
-            if worker.alive():
+            # A relay thread may still be inside send_bytes() on the worker's item pipe (its
+            # RETIRE, or an item it took before the worker died): closing the pipe under it
+            # frees the descriptor's number for the next open() while the relay writes to it.
+            if worker.alive() or any(relay.is_alive() for relay in worker.relays):
                 still.append(worker)
             else:
                 worker.close()
