@@ -213,13 +213,15 @@ def run(
     batch_seconds: int = 1,
     shape: str = "spread",
     long_poll_wait: float = 20,
+    on_start=None,
 ) -> dict:
     """Run the load and return its figures (``stored`` is counted from the server's answers).
 
     Every agent takes a sample a second; ``batch_seconds`` is how often it ships them (the real
     agent's default is 5; 1 is the harshest case, a request per sample). ``shape``: "spread",
     agents start at random moments over the batch period; "in-step", all at the same moment,
-    each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns."""
+    each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns.
+    ``on_start`` is called once the hosts are registered, as the load starts."""
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     stage_names = [f"stage{i}" for i in range(stages)]
@@ -244,6 +246,8 @@ def run(
         for g in groups
         if g
     ]
+    if on_start is not None:
+        on_start()
     started = time.monotonic()
     for w in workers:
         w.start()

@@ -40,13 +40,17 @@ def load_runs(kinds: list[str], tiers: list[str], agents: int, seconds: float, w
             stack.start()
             try:
                 token = stack.create_user("load-operator", role="operator")["token"]
-                web = web_processes(stack)
-                load_before, cpu_before = os.getloadavg()[0], cpu_seconds(web)
+                web, before = web_processes(stack), {}
+
+                def on_start(web=web, before=before):  # the hosts registered, the load starts
+                    before["load"], before["cpu"] = os.getloadavg()[0], cpu_seconds(web)
+
                 figures = loadgen.run(
                     stack.url, token, agents=agents, stages=8, seconds=seconds, processes=2,
-                    long_poll_wait=wait, **RUNS[kind],
+                    long_poll_wait=wait, on_start=on_start, **RUNS[kind],
                 )  # fmt: skip
-                cpu = cpu_seconds(web) - cpu_before
+                cpu = cpu_seconds(web) - before["cpu"]
+                load_before = before["load"]
                 figures["samples_stored"] = stack.stored_samples(figures["job_id"])
                 # The web processes' CPU (all of it: batches, long-polls, registration) over
                 # the batches posted; the load average (1 min) before and after the run.

@@ -9,8 +9,10 @@ tests: the pool's threads have connections of their own).
 
 import asyncio
 import json
+import threading
 
 import pytest
+from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -73,6 +75,15 @@ class Fronts:
 
     def close(self) -> None:
         for front in (self.lean, self.django):
+            # Each pool thread keeps its database connection (lean.py): close them all.
+            barrier = threading.Barrier(front.pool._max_workers)
+
+            def close(barrier=barrier):
+                barrier.wait(timeout=10)
+                connection.close()
+
+            for future in [front.pool.submit(close) for _ in range(front.pool._max_workers)]:
+                future.result(timeout=20)
             front.pool.shutdown(wait=True)
         self.loop.close()
 

@@ -28,7 +28,7 @@ import time
 from types import SimpleNamespace
 
 from django.conf import settings
-from django.db import DatabaseError, DataError, IntegrityError, close_old_connections
+from django.db import DatabaseError, DataError, IntegrityError, connection
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.clickjacking import XFrameOptionsMiddleware
@@ -120,17 +120,27 @@ class LeanBatchPost:
             data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
         except (ValueError, RecursionError):
             return None
-        close_old_connections()  # as Django does when a request starts and ends
-        try:
-            result = self._store(host_id, authorization[1].decode(errors="replace"), data)
-        except Fallback:
-            return None
-        except (IntegrityError, DataError, OverflowError):
-            return None  # rolled back; Django's view answers 409 or 400 with its own words
-        except DatabaseError as exc:
-            return self._unavailable(exc, secure)
-        finally:
-            close_old_connections()
+        token = authorization[1].decode(errors="replace")
+        # This thread keeps its database connection from one batch to the next (Django's
+        # handler gives it back to the pool after every request, and the pool checks it with a
+        # round trip of its own before lending it again). A kept connection that fails (the
+        # database restarted) goes back to the pool, which replaces it, and the batch is tried
+        # once more on a checked one: the failed attempt's transaction rolled back.
+        kept = connection.connection is not None
+        for attempt in (1, 2):
+            try:
+                result = self._store(host_id, token, data)
+                break
+            except Fallback:
+                return None
+            except (IntegrityError, DataError, OverflowError):
+                connection.close()
+                return None  # rolled back; Django's view answers 409 or 400 in its own words
+            except DatabaseError as exc:
+                connection.close()
+                if attempt == 1 and kept:
+                    continue
+                return self._unavailable(exc, secure)
         content = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
         observe_batch(200, result["stored"], time.perf_counter() - started)
         return 200, self._headers(content, secure), content
