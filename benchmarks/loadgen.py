@@ -26,14 +26,16 @@ import httpx
 from agents.budget import cpu_slots
 
 SHAPES = ("spread", "in-step")
-WEB_TIERS = ("uvicorn", "gthread")
+# uvicorn: the shipped tier; uvicorn-django: the same with agents' batches served by Django's
+# view (INTUNE_LEAN_INGESTION=False, as before webapp/ingestion/api/lean.py); gthread: the former.
+WEB_TIERS = ("uvicorn", "uvicorn-django", "gthread")
 
 
 def web_argv(tier: str, python: str, bin_dir: str, threads: int) -> list[str] | None:
     """The web service's argv for ``tier``: None for the shipped one (uvicorn workers,
     webapp/stack/services.py); "gthread" is the former tier (gthread workers, a thread per
     held long-poll, ``threads`` a process), kept here to compare with."""
-    if tier == "uvicorn":
+    if tier in ("uvicorn", "uvicorn-django"):
         return None
     from webapp.stack.services import command
 
@@ -211,13 +213,15 @@ def run(
     batch_seconds: int = 1,
     shape: str = "spread",
     long_poll_wait: float = 20,
+    on_start=None,
 ) -> dict:
     """Run the load and return its figures (``stored`` is counted from the server's answers).
 
     Every agent takes a sample a second; ``batch_seconds`` is how often it ships them (the real
     agent's default is 5; 1 is the harshest case, a request per sample). ``shape``: "spread",
     agents start at random moments over the batch period; "in-step", all at the same moment,
-    each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns."""
+    each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns.
+    ``on_start`` is called once the hosts are registered, as the load starts."""
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     stage_names = [f"stage{i}" for i in range(stages)]
@@ -242,6 +246,8 @@ def run(
         for g in groups
         if g
     ]
+    if on_start is not None:
+        on_start()
     started = time.monotonic()
     for w in workers:
         w.start()
@@ -298,6 +304,7 @@ def live_stack(tier: str, agents: int, processes: int = 2):
             "WEB_CONCURRENCY": str(processes),
             "INTUNE_AGENT_RATE": "100000/min",
             "INTUNE_ACCESS_LOG": "",
+            "INTUNE_LEAN_INGESTION": str(tier != "uvicorn-django"),
         },
     )
     stack.web_argv = web_argv(tier, stack.python, stack.bin_dir, max(64, agents + 32))
@@ -337,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--web-tier", choices=WEB_TIERS, default="uvicorn",
-        help="of the stack started here: uvicorn (shipped) or gthread (the former tier)",
+        help="of the stack started here: uvicorn (shipped), uvicorn-django (batches through "
+        "Django's view, as before the lean path) or gthread (the former tier)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)

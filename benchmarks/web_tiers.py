@@ -15,6 +15,7 @@ held poll. Prints a JSON object.
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -39,17 +40,43 @@ def load_runs(kinds: list[str], tiers: list[str], agents: int, seconds: float, w
             stack.start()
             try:
                 token = stack.create_user("load-operator", role="operator")["token"]
+                web, before = web_processes(stack), {}
+
+                def on_start(web=web, before=before):  # the hosts registered, the load starts
+                    before["load"], before["cpu"] = os.getloadavg()[0], cpu_seconds(web)
+
                 figures = loadgen.run(
                     stack.url, token, agents=agents, stages=8, seconds=seconds, processes=2,
-                    long_poll_wait=wait, **RUNS[kind],
+                    long_poll_wait=wait, on_start=on_start, **RUNS[kind],
                 )  # fmt: skip
+                cpu = cpu_seconds(web) - before["cpu"]
+                load_before = before["load"]
                 figures["samples_stored"] = stack.stored_samples(figures["job_id"])
+                # The web processes' CPU (all of it: batches, long-polls, registration) over
+                # the batches posted; the load average (1 min) before and after the run.
+                batches = figures["samples_sent"] / RUNS[kind]["batch_seconds"]
+                figures["web_cpu_ms_per_batch"] = round(cpu / max(1, batches) * 1000, 2)
+                figures["load_average"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
             finally:
                 stack.stop()
             figures.pop("host_ids")
             results.append({"run": kind, "tier": tier} | figures)
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     return results
+
+
+def web_processes(stack) -> list:
+    """The web service's worker processes (gunicorn's master does no request's work)."""
+    master = psutil.Process(stack.group.children["web"].pid)
+    return wait_until(lambda: master.children(), 30, what="the web workers")
+
+
+def cpu_seconds(processes: list) -> float:
+    total = 0.0
+    for process in processes:
+        times = process.cpu_times()
+        total += times.user + times.system
+    return total
 
 
 def memory_run(tier: str, held: int) -> dict:
@@ -104,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--runs", default="spread,in-step", help=f"of {', '.join(RUNS)}")
-    parser.add_argument("--tiers", default="uvicorn,gthread")
+    parser.add_argument(
+        "--tiers", default="uvicorn,gthread", help=f"of {', '.join(loadgen.WEB_TIERS)}"
+    )
     parser.add_argument("--long-poll-wait", type=float, default=30)
     parser.add_argument("--memory", type=int, help="hold this many long-polls instead")
     args = parser.parse_args(argv)

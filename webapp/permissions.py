@@ -117,10 +117,17 @@ def host_by_token_hash(token_hash: str) -> Host | None:
     """The host whose agent token hashes to ``token_hash``, its job loaded with it (as
     ``Host.objects.select_related("job").filter(token_hash=...).first()``, for a quarter of its
     CPU: every agent request starts here). None when no host has it (unknown or replaced)."""
+    from webapp.ingestion.inserts import prepare, prepared_cursor
+
     sql, expressions, converters = _token_lookup()
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [token_hash])
-        row = cursor.fetchone()
+    if connection.vendor == "postgresql" and prepare():
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, [token_hash], prepare=True)
+            row = cursor.fetchone()
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [token_hash])
+            row = cursor.fetchone()
     if row is None:
         return None
     values = []

@@ -200,6 +200,12 @@ INTUNE = {
     "ALERT_BASELINE_S": envfloat("INTUNE_ALERT_BASELINE_S", 600.0),
 }
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("INTUNE_MAX_BODY_BYTES", protocol.MAX_BODY_BYTES)
+# Agents' usual batches stored by webapp/ingestion/api/lean.py ahead of Django and DRF (about
+# half the CPU of a request); off, Django's view stores every batch. Its answers are the same.
+INTUNE_LEAN_INGESTION = envbool("INTUNE_LEAN_INGESTION", True)
+# The agent token lookup and a batch's statement are prepared once per PostgreSQL connection
+# (webapp/ingestion/inserts.py); off behind a proxy that pools by transaction (PgBouncer).
+INTUNE_DB_PREPARED_STATEMENTS = envbool("INTUNE_DB_PREPARED_STATEMENTS", True)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -13,11 +13,32 @@ PostgreSQL and SQLite (3.35+) both run; values still go through each field's own
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Model
+
+
+@contextmanager
+def prepared_cursor() -> Iterator[Any]:
+    """A cursor of Django's PostgreSQL connection (its transaction, its errors as Django's) that
+    binds parameters on the server, so that ``execute(..., prepare=True)`` plans a statement
+    once per connection instead of on every call. Django's own cursors bind on the client and
+    never prepare (for transaction-pooling proxies such as PgBouncer: set
+    ``INTUNE_DB_PREPARED_STATEMENTS=False`` behind one)."""
+    import psycopg
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        yield cursor
+
+
+def prepare() -> bool:
+    """Whether the ingestion path's statements are prepared (INTUNE_DB_PREPARED_STATEMENTS)."""
+    return settings.INTUNE_DB_PREPARED_STATEMENTS
 
 
 class MultiRowInsert:
@@ -152,6 +173,10 @@ class BatchInsertPostgres:
             "applied": applied_version,
             "dropped": dropped,
         }
+        if prepare():  # planned once per connection: the statement is long and always the same
+            with prepared_cursor() as cursor:
+                cursor.execute(self.sql, params, prepare=True)
+                return cursor.fetchall()
         with connection.cursor() as cursor:
             cursor.execute(self.sql, params)
             return cursor.fetchall()

@@ -1,0 +1,226 @@
+"""An agent's metrics batch stored without Django's request handling or DRF around it.
+
+Why: a fleet in step posts its batches in the same instant (200 agents, 200 requests), and each
+waits for the CPU of those ahead of it. Through Django's handler, its middleware and DRF (content
+negotiation, authentication, permission and throttle classes, the parser, the renderer) a batch
+cost about twice the CPU of what the protocol needs: the token lookup, the validation, the
+statement that stores it (docs/benchmarks.md, "Ingestion CPU per batch").
+
+This path does only the usual case, with the same parts the view uses (the prepared token
+lookup ``webapp.permissions.host_by_token_hash``, ``webapp.ingestion.validation``,
+``services.store_batch``, the agent rate limit, the Prometheus instruments), and answers exactly
+what Django would: the same body, status and headers. Anything else it hands back (returns None)
+for Django's view to answer: a missing or wrong token, another host's token, an invalid batch,
+a body too large, an unusual Content-Type or Accept, a rate limit reached, a sequence number
+reused, a value the database refuses. Those answers are then Django's own, the ones
+docs/agent-protocol.md documents, by construction; nothing was stored by the attempt here (the
+validation refuses before storing, and a failed store rolls its transaction back).
+
+``tests/webapp/test_lean_ingestion_answers_as_django.py`` sends the same requests both ways
+and compares the answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from types import SimpleNamespace
+
+from django.conf import settings
+from django.db import DatabaseError, DataError, IntegrityError, connection
+from django.http import HttpRequest, HttpResponse
+from django.http.request import split_domain_port, validate_host
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+from django.middleware.security import SecurityMiddleware
+
+from webapp.ingestion import services
+from webapp.ingestion.validation import BatchError, validate_batch
+from webapp.jobs.models import hash_agent_token
+from webapp.metrics.instruments import observe_batch
+from webapp.permissions import host_by_token_hash
+from webapp.throttles import AgentRateThrottle
+
+log = logging.getLogger(__name__)
+
+# The middleware this path stands in for. With any other list Django serves every request (a
+# middleware added later must not be skipped without a word).
+EXPECTED_MIDDLEWARE = (
+    "django.middleware.security.SecurityMiddleware",
+    "webapp.parsers.BodySizeLimitMiddleware",
+    "webapp.database_guard.DatabaseUnavailableMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+)
+# What DRF's JSON parser takes without a question (a charset other than UTF-8 goes to Django).
+JSON_TYPES = frozenset(
+    {b"application/json", b"application/json; charset=utf-8", b"application/json;charset=utf-8"}
+)
+# Accept headers for which DRF's negotiation picks its JSON renderer with no parameters.
+JSON_ACCEPTS = frozenset({None, b"*/*", b"application/json"})
+# DRF's APIView adds these to every answer of HostMetricsView (its renderer, its methods).
+VIEW_HEADERS = [
+    ("Content-Type", "application/json"),
+    ("Vary", "Accept"),
+    ("Allow", "GET, POST, HEAD, OPTIONS"),
+]
+
+
+class Fallback(Exception):
+    """Not the usual case: Django's view answers this request."""
+
+
+def enabled() -> bool:
+    """Whether the lean path serves agents' batches in this process (``INTUNE_LEAN_INGESTION``,
+    on by default; off, or with another middleware list, Django's view serves them all)."""
+    return settings.INTUNE_LEAN_INGESTION and tuple(settings.MIDDLEWARE) == EXPECTED_MIDDLEWARE
+
+
+class LeanBatchPost:
+    """``POST /api/v1/hosts/{id}/metrics/`` for the usual case; see the module's docstring."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[bytes, bool] = {}
+        self._security: dict[bool, list[tuple[str, str]]] = {}
+        proxy = settings.SECURE_PROXY_SSL_HEADER
+        self._proxy_header = (
+            (proxy[0].removeprefix("HTTP_").lower().replace("_", "-").encode(), proxy[1])
+            if proxy
+            else None
+        )
+
+    def __call__(
+        self, host_id: int, scheme: str, headers: dict[bytes, bytes], query: bytes, body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes] | None:
+        """Store the batch and return ``(status, headers, body)``; None when Django must answer.
+
+        ``headers`` are the request's, names in lower case, each given once (a header repeated
+        goes to Django)."""
+        started = time.perf_counter()
+        secure = self._is_secure(scheme, headers)
+        if (
+            query
+            or headers.get(b"content-type") not in JSON_TYPES
+            or headers.get(b"accept") not in JSON_ACCEPTS
+            or len(body) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            or (settings.SECURE_SSL_REDIRECT and not secure)
+            or not self._allowed_host(headers.get(b"host"))
+        ):
+            return None
+        authorization = (headers.get(b"authorization") or b"").split()
+        if len(authorization) != 2 or authorization[0].lower() != b"agent":
+            return None
+        try:
+            # DRF's parser: UTF-8 strictly, NaN and the infinities refused.
+            data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            return None
+        token = authorization[1].decode(errors="replace")
+        # This thread keeps its database connection from one batch to the next (Django's
+        # handler gives it back to the pool after every request, and the pool checks it with a
+        # round trip of its own before lending it again). A kept connection that fails (the
+        # database restarted) goes back to the pool, which replaces it, and the batch is tried
+        # once more on a checked one: the failed attempt's transaction rolled back.
+        kept = connection.connection is not None
+        for attempt in (1, 2):
+            try:
+                result = self._store(host_id, token, data)
+                break
+            except Fallback:
+                return None
+            except (IntegrityError, DataError, OverflowError):
+                connection.close()
+                return None  # rolled back; Django's view answers 409 or 400 in its own words
+            except DatabaseError as exc:
+                connection.close()
+                if attempt == 1 and kept:
+                    continue
+                return self._unavailable(exc, secure)
+        content = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
+        observe_batch(200, result["stored"], time.perf_counter() - started)
+        return 200, self._headers(content, secure), content
+
+    def _store(self, host_id: int, token: str, data) -> dict:
+        host = host_by_token_hash(hash_agent_token(token))
+        if host is None or not host.token_matches(token) or host.pk != host_id:
+            raise Fallback
+        try:
+            batch = validate_batch(
+                data, services.stage_names_of(host.job), settings.INTUNE["MAX_SAMPLES_PER_BATCH"]
+            )
+        except BatchError:
+            raise Fallback from None
+        status = batch["allocation_status"]
+        if status and (status["applied_version"] or 0) > host.allocation_version:
+            raise Fallback  # a version never published: the view's 400
+        # Last, so that a request Django answers is counted once (DRF counts it there).
+        if not AgentRateThrottle().allow_request(SimpleNamespace(auth=host), None):
+            raise Fallback
+        try:
+            return services.store_batch(host, batch)
+        except services.SequenceConflict:
+            raise Fallback from None
+
+    def _unavailable(self, exc: DatabaseError, secure: bool) -> tuple[int, list, bytes]:
+        """The database is away: 503 with Retry-After, as webapp/api_errors.py answers (not
+        handed to Django, whose attempt would wait out the pool's timeout a second time)."""
+        log.error(
+            "database unavailable while serving an agent's batch: %s: %s",
+            type(exc).__name__,
+            (str(exc).splitlines() or [""])[0][:200],
+        )
+        content = b'{"detail":"the database is unavailable; retry shortly"}'
+        observe_batch(503, 0, 0.0)
+        return 503, [*self._headers(content, secure), ("Retry-After", "5")], content
+
+    def _headers(self, content: bytes, secure: bool) -> list[tuple[str, str]]:
+        security = self._security.get(secure)
+        if security is None:
+            security = self._security[secure] = _middleware_headers(secure)
+        return [*VIEW_HEADERS, ("Content-Length", str(len(content))), *security]
+
+    def _is_secure(self, scheme: str, headers: dict[bytes, bytes]) -> bool:
+        # HttpRequest.is_secure(): the proxy's header when one is configured, else the scheme.
+        if self._proxy_header is not None:
+            value = headers.get(self._proxy_header[0])
+            if value is not None:
+                return value.decode("latin-1").split(",", 1)[0].strip() == self._proxy_header[1]
+        return scheme == "https"
+
+    def _allowed_host(self, host: bytes | None) -> bool:
+        """HttpRequest.get_host()'s check (CommonMiddleware makes it on every request)."""
+        if host is None or settings.USE_X_FORWARDED_HOST:
+            return False
+        allowed = self._hosts.get(host)
+        if allowed is None:
+            domain, _ = split_domain_port(host.decode("latin-1"))
+            patterns = settings.ALLOWED_HOSTS
+            if settings.DEBUG and not patterns:
+                patterns = [".localhost", "127.0.0.1", "[::1]"]
+            allowed = bool(domain) and validate_host(domain, patterns)
+            if len(self._hosts) < 1000:
+                self._hosts[host] = allowed
+        return allowed
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _middleware_headers(secure: bool) -> list[tuple[str, str]]:
+    """The headers SecurityMiddleware and XFrameOptionsMiddleware add to an answer of the API,
+    from the settings as they run them."""
+    request = HttpRequest()
+    request.META = {"wsgi.url_scheme": "https" if secure else "http", "SERVER_NAME": "x"}
+    if secure and settings.SECURE_PROXY_SSL_HEADER:
+        request.META[settings.SECURE_PROXY_SSL_HEADER[0]] = settings.SECURE_PROXY_SSL_HEADER[1]
+    response = HttpResponse()
+    before = set(response.headers)
+    response = XFrameOptionsMiddleware(lambda r: response).process_response(request, response)
+    response = SecurityMiddleware(lambda r: response).process_response(request, response)
+    return [(name, value) for name, value in response.headers.items() if name not in before]
