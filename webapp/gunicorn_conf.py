@@ -13,7 +13,10 @@ from webapp.settings import VAR_DIR
 
 bind = os.getenv("INTUNE_BIND", "127.0.0.1:8000")
 workers = envint("WEB_CONCURRENCY", 2)
-worker_class = "uvicorn_worker.UvicornWorker"
+# uvicorn's worker, with gunicorn's bounds on a request's head (webapp/stack/web_worker.py).
+worker_class = "webapp.stack.web_worker.BoundedUvicornWorker"
+limit_request_fields = 100
+limit_request_field_size = 8190
 # Threads per process for Django's work (agents' batches, the allocation view's checks): held
 # long-polls take none, so a few suffice; each borrows a database connection while it works.
 threads = envint("INTUNE_WEB_THREADS", 8)
