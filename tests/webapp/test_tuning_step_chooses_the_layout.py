@@ -190,3 +190,29 @@ def test_the_layout_option_is_taken_by_every_tuner(api, operator, tuner):
     )
     assert response.status_code == 201, response.content
     assert response.json()["tuning_options"] == {"layout": "auto"}
+
+
+@pytest.mark.django_db
+def test_the_dashboard_shows_a_fused_allocation_by_its_groups(client, operator):
+    session = session_on(operator, DLRM, cpus=2, ceilings={"read": 4})
+    (fused,) = steps(session, DLRM, cpus=2, throughput=400_000.0, count=1)
+    host = session.host
+    client.force_login(operator)
+    history = client.get(f"/dashboard/api/hosts/{host.pk}/allocations/").json()["allocations"]
+    assert history[-1]["layout"] == fused.layout and history[0]["layout"] is None
+    assert history[-1]["workers"] == fused.workers
+    overview = client.get(f"/dashboard/api/hosts/{host.pk}/overview/")
+    assert overview.status_code == 200, overview.content
+    page = client.get(f"/jobs/{session.job.pk}/")
+    assert page.status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_decisions_api_shows_the_group_named_workers(api, operator):
+    session = session_on(operator, DLRM, cpus=2, ceilings={"read": 4})
+    (fused,) = steps(session, DLRM, cpus=2, throughput=400_000.0, count=1)
+    response = api.as_user(operator).get(f"/api/v1/hosts/{session.host.pk}/decisions/?limit=10")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    rows = body["results"] if isinstance(body, dict) else body
+    assert rows[0]["workers"] == fused.workers and rows[0]["info"]["layout_changed"] is True
