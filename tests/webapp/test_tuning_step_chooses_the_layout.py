@@ -216,3 +216,20 @@ def test_the_decisions_api_shows_the_group_named_workers(api, operator):
     body = response.json()
     rows = body["results"] if isinstance(body, dict) else body
     assert rows[0]["workers"] == fused.workers and rows[0]["info"]["layout_changed"] is True
+
+
+@pytest.mark.django_db
+def test_without_the_option_a_layout_a_person_set_stays_and_the_tuner_moves_its_groups(operator):
+    session = session_on(operator, DLRM, cpus=2, ceilings={"read": 4}, options={})
+    layout = [["read", "parse"], ["transform", "collate"]]
+    services.set_override(
+        session.host,
+        operator,
+        workers={"read+parse": 1, "transform+collate": 1},
+        layout=layout,
+        reason="fused by hand",
+    )
+    services.release_override(session.host, operator)
+    seen = steps(session, DLRM, cpus=2, throughput=400_000.0, count=2)
+    assert all(a.layout == layout for a in seen)
+    assert all(set(a.workers) == {"read+parse", "transform+collate"} for a in seen)

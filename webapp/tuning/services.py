@@ -169,6 +169,11 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         proposed, layout = decision.allocation, None
         if layouts.layout_mode(session.job.tuning_options) == "auto":
             proposed, layout = _with_layout(session, observation, decision, current_layout, info)
+        elif current_layout is not None:  # a person's layout stays: the tuner moves its groups
+            proposed, layout = (
+                layouts.to_groups(decision.allocation, observation.allocation, current_layout),
+                current_layout,
+            )
         try:
             workers = check_allocation(host, proposed, budget, layout)
         except ValidationError as exc:
@@ -179,7 +184,8 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
             # allocation in force stays; the tuner sees the new budget at the next step.
             workers, layout = current, current_layout
             info["refused"] = str(exc.detail)[:500]
-            info.pop("layout_changed", None)
+            if info.pop("layout_changed", None):
+                info["layout"] = current_layout
             log.warning(
                 "session %s step %s on host %s: decision %s refused by the budget (%s); keeping %s",
                 session.pk,
