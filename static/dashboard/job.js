@@ -186,10 +186,13 @@
     const points = inForce.map((a) => ({ t: Math.max(start, a.applied_at || a.created_at), workers: a.workers }));
     if (points.length) points.push({ t: now, workers: points[points.length - 1].workers });
     const x = toDates(points.map((p) => p.t));
-    const traces = stageNames.map((name) => ({
+    // A fused layout names its groups ("read+parse"): one band per group, in its first stage's colour.
+    const groups = [...new Set(points.flatMap((p) => Object.keys(p.workers)))].filter((n) => !stageNames.includes(n));
+    const colourOf = (name) => stageColour[name] || stageColour[name.split("+")[0]] || PALETTE[0];
+    const traces = [...stageNames, ...groups].map((name) => ({
       x, y: points.map((p) => p.workers[name] ?? null), name, stackgroup: "workers", mode: "lines",
-      line: { shape: "hv", width: 0.5, color: stageColour[name] }, fillcolor: stageColour[name] + "B3",
-      hovertemplate: `%{y} workers<extra>${name}</extra>`,
+      line: { shape: "hv", width: 0.5, color: colourOf(name), dash: name.includes("+") ? "dot" : "solid" }, fillcolor: colourOf(name) + "B3",
+      hovertemplate: `%{y} workers<extra>${escapeHtml(name)}</extra>`,
     }));
     const changes = history.filter((a) => a.created_at >= start);
     for (const [source, style] of Object.entries(SOURCE_STYLE)) {
@@ -332,6 +335,14 @@
     return rows;
   }
 
+  // Each stage's workers in an allocation: with a layout, every stage of a group runs the group's.
+  function stageWorkers(alloc) {
+    const out = { ...alloc.workers };
+    for (const [name, n] of Object.entries(alloc.workers || {})) {
+      if (name.includes("+")) for (const stage of name.split("+")) out[stage] = n;
+    }
+    return out;
+  }
   function renderDecisions() {
     const rows = filteredDecisions();
     const body = $("decisions-table").tBodies[0];
@@ -429,7 +440,7 @@
       if (!input) continue;
       input.max = String(limit.max);
       form.querySelector(`[data-limit-for="${CSS.escape(limit.name)}"]`).textContent = `1–${limit.max}`;
-      if (!state.formTouched && alloc) input.value = String(alloc.workers[limit.name] ?? 1);
+      if (!state.formTouched && alloc) input.value = String(stageWorkers(alloc)[limit.name] ?? 1);
     }
     updateTotal();
   }

@@ -111,3 +111,65 @@ def test_a_decision_made_by_a_celery_task_reaches_the_agent_and_is_applied(live_
 def test_a_pipeline_with_fused_stages_is_tuned_under_its_fused_names(live_stack):
     person = live_stack.create_user("e2e-fused", role="operator")
     tune_end_to_end(live_stack, person, "e2e-fused", [FUSED, "prefetch"], "--fuse", FUSED)
+
+
+def test_a_job_with_layout_auto_on_a_small_host_is_fused_by_a_celery_step(live_stack):
+    """With ``tuning_options: {"layout": "auto"}`` on 2 CPUs the tuning step (a real Celery
+    task) fuses the DLRM stages (the hand-offs cost more than the balance gains there,
+    webapp/tuning/layouts.py), the real agent applies the layout live with Pipeline.relayout,
+    and its samples, still one row per registered stage, report the group's workers."""
+    person = live_stack.create_user("e2e-layout", role="operator")
+    job_id, host_id, agent_token = live_stack.register_job_and_host(
+        person["token"],
+        {
+            "name": "e2e-layout",
+            "stages": [{"name": s} for s in DLRM_STAGES],
+            "tuner": "intune",
+            "decision_interval_s": 2,
+            "tuning_options": {"layout": "auto"},
+        },
+        {"name": "e2e-layout-host", "cpus": 2, "memory_mb": 8192},
+    )
+    with live_stack.client(person["token"]) as api:
+        started = time.monotonic()
+        live_stack.start_agent(host_id, agent_token, instance="agent-e2e-layout")
+
+        def metrics_arrived():
+            series = api.get(
+                f"/api/v1/hosts/{host_id}/metrics/", params={"since": time.time() - 120}
+            ).json()
+            return bool(series["series"]["ts"])
+
+        wait_until(metrics_arrived, 30, interval=0.5, what="the agent's first metrics")
+        assert api.post(f"/api/v1/jobs/{job_id}/tuning/", json={}).status_code == 201
+
+        def fused_layout_applied():
+            state = api.get(f"/api/v1/hosts/{host_id}/").json()
+            allocation = state["allocation"]
+            if allocation.get("layout") and allocation["status"] == "applied":
+                return state
+            return None
+
+        state = wait_until(
+            fused_layout_applied,
+            max(10.0, 50 - (time.monotonic() - started)),
+            interval=0.5,
+            what="a layout chosen by the tuning step and applied by the agent",
+        )
+        allocation = state["allocation"]
+        assert allocation["source"] == "policy"
+        assert len(allocation["layout"]) < len(DLRM_STAGES)
+        assert sorted(allocation["workers"]) == sorted("+".join(g) for g in allocation["layout"])
+        group_of = {s: "+".join(g) for g in allocation["layout"] for s in g}
+
+        def samples_show_the_groups():
+            stages = api.get(
+                f"/api/v1/hosts/{host_id}/metrics/", params={"since": time.time() - 5}
+            ).json()["stages"]
+            return all(
+                stages[name]["workers"]
+                and stages[name]["workers"][-1] == allocation["workers"][group_of[name]]
+                for name in DLRM_STAGES
+            )
+
+        wait_until(samples_show_the_groups, 15, interval=0.5, what="samples in the new layout")

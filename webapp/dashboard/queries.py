@@ -124,7 +124,8 @@ def allocation_history(host: Host, since: float | None = None) -> list[dict]:
     return [
         {
             "version": a.version,
-            "workers": a.workers,
+            "workers": a.workers,  # keyed by group ("read+parse") when it has a layout
+            "layout": a.layout,
             "source": a.source,
             "status": a.status,
             "refusal_reason": a.refusal_reason,

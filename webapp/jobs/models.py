@@ -14,7 +14,8 @@ HOST_STATES = ("new", "online", "offline")
 
 # A job's tuning options that the control plane reads itself; the rest go to the tuner
 # (IntuneConfig fields).
-CONTROL_PLANE_OPTIONS = frozenset({"pretrain_steps"})
+# "layout": "auto" lets the tuning step choose which stages run fused (webapp.tuning.layouts).
+CONTROL_PLANE_OPTIONS = frozenset({"pretrain_steps", "layout"})
 
 
 def hash_agent_token(token: str) -> str:

@@ -18,6 +18,7 @@ from webapp.jobs.services import (
     validate_allocation,
 )
 
+from . import layouts
 from .models import Decision, Override, TuningSession
 from .observations import build_observation, fresh_window, summarise
 from .signals import session_started
@@ -163,29 +164,40 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
         decision = policy.decide(observation)
         latency_ms = (time.perf_counter() - started) * 1000
         current = newest.workers if newest is not None else None
+        current_layout = newest.layout if newest is not None else None
         info = dict(decision.info or {})
+        proposed, layout = decision.allocation, None
+        if layouts.layout_mode(session.job.tuning_options) == "auto":
+            proposed, layout = _with_layout(session, observation, decision, current_layout, info)
+        elif current_layout is not None:  # a person's layout stays: the tuner moves its groups
+            proposed, layout = (
+                layouts.to_groups(decision.allocation, observation.allocation, current_layout),
+                current_layout,
+            )
         try:
-            workers = check_allocation(host, decision.allocation, budget)
+            workers = check_allocation(host, proposed, budget, layout)
         except ValidationError as exc:
             if current is None:
                 raise
             # The budget is measured, and moves (a stage's CPU per worker rose, the host lost
             # CPUs): a decision that no longer fits is refused, not the session's end. The
             # allocation in force stays; the tuner sees the new budget at the next step.
-            workers = current
+            workers, layout = current, current_layout
             info["refused"] = str(exc.detail)[:500]
+            if info.pop("layout_changed", None):
+                info["layout"] = current_layout
             log.warning(
                 "session %s step %s on host %s: decision %s refused by the budget (%s); keeping %s",
                 session.pk,
                 session.steps,
                 host.pk,
-                decision.allocation,
+                proposed,
                 info["refused"],
                 current,
             )
         allocation = newest
-        if workers != current:
-            allocation = create_allocation(host, workers, Allocation.Source.POLICY)
+        if workers != current or layout != current_layout:
+            allocation = create_allocation(host, workers, Allocation.Source.POLICY, layout=layout)
         Decision.objects.create(
             session=session,
             host=host,
@@ -214,6 +226,38 @@ def take_step(session_id: int, expected_step: int) -> tuple[str, float | None]:
             latency_ms,
         )
         return "decided", 0.0
+
+
+def _with_layout(session, observation, decision, current_layout, info):
+    """The step's allocation and layout when the job lets the control plane choose layouts
+    (``webapp.tuning.layouts``): a new layout with its predicted best allocation, when one is
+    predicted ``MARGIN`` better and the last change is ``HOLD_STEPS`` steps old; otherwise the
+    tuner's decision, as the groups of the layout in force run it."""
+    names = session.job.stage_names
+    last_change = (
+        Decision.objects.filter(session=session, info__layout_changed=True)
+        .order_by("-step")
+        .values_list("step", flat=True)
+        .first()
+    )
+    held = last_change is not None and session.steps - last_change < layouts.HOLD_STEPS
+    choice = None if held else layouts.choose(observation, names, current_layout)
+    if choice is not None:
+        info["layout_predicted"] = round(choice.predicted, 3)
+        info["layout_predicted_current"] = round(choice.predicted_current, 3)
+    if choice is not None and choice.changed:
+        info["layout_changed"] = True
+        info["layout"] = choice.layout
+        return choice.workers, choice.layout
+    info["layout"] = current_layout
+    if held:
+        info["layout_held"] = True
+    if current_layout is None:
+        return decision.allocation, None
+    return (
+        layouts.to_groups(decision.allocation, observation.allocation, current_layout),
+        current_layout,
+    )
 
 
 # Decisions taken on the twin before online tuning; a few seconds of CPU on a worker.

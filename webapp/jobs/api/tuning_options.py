@@ -63,6 +63,13 @@ def _tuning_option_schemas() -> dict[str, dict]:
             "maximum": MAX_PRETRAIN_STEPS,
             "description": "decisions taken on the host's fitted twin before online tuning",
         },
+        "layout": {
+            "type": "string",
+            "enum": ["off", "auto"],
+            "description": "auto: each tuning step may also choose which neighbouring stages "
+            "run fused (the allocation's layout, docs/agent-protocol.md); off (the default): "
+            "the layout in force is left as it is",
+        },
     }
     for name, kind in get_type_hints(IntuneConfig).items():
         if name in FIXED_BY_THE_POLICY:
@@ -94,6 +101,10 @@ def holds_nul(value) -> bool:
 def option_error(value, schema: dict) -> str | None:
     """What is wrong with one tuning option's value against its schema, or ``None``."""
     kind = schema["type"]
+    if kind == "string":
+        if value not in schema["enum"]:
+            return f"must be one of {', '.join(schema['enum'])}, got {value!r}"[:200]
+        return None
     numeric = int if kind == "integer" else int | float
     if isinstance(value, bool) or not isinstance(value, numeric):
         return f"must be a{'n' if kind == 'integer' else ''} {kind}, got {value!r}"[:200]
@@ -112,7 +123,8 @@ def option_error(value, schema: dict) -> str | None:
         "properties": TUNING_OPTIONS,
         "additionalProperties": False,
         "description": "The tuner's options. intune takes any of these; the baselines "
-        f"({', '.join(n for n in tuner_lib.TUNER_NAMES if n != 'intune')}) only pretrain_steps. "
+        f"({', '.join(n for n in tuner_lib.TUNER_NAMES if n != 'intune')}) only pretrain_steps "
+        "and layout. "
         f"At most {MAX_TUNING_OPTIONS_CHARS} characters in all.",
     }
 )
@@ -149,7 +161,7 @@ def job_rules_across_fields(result, generator, request, public):
     schemas = result.get("components", {}).get("schemas", {})
     baseline_options = {
         "type": "object",
-        "properties": {"pretrain_steps": TUNING_OPTIONS["pretrain_steps"]},
+        "properties": {name: TUNING_OPTIONS[name] for name in ("pretrain_steps", "layout")},
         "additionalProperties": False,
     }
     for name in ("JobRequest", "PatchedJobRequest"):
