@@ -68,3 +68,21 @@ def test_an_override_with_a_bad_layout_is_refused_and_changes_nothing(
     assert message in response.json()["detail"]
     assert Allocation.objects.filter(host=host).count() == 1
     assert not Override.objects.exists()
+
+
+def test_the_budget_summary_counts_a_fused_allocations_groups(api, operator, job_and_host):
+    from webapp.ingestion.services import budget_summary
+
+    _, host, _ = job_and_host
+    staged = {"read": 2, "parse": 2, "transform": 3, "collate": 3, "prefetch": 1}
+    api.as_user(operator).put(override_url(host), {"workers": staged, "reason": "x"}, format="json")
+    taken_staged = budget_summary(host)["cpu_slots_taken"]
+    fused = {"read+parse": 2, "transform+collate": 3, "prefetch": 1}
+    response = api.as_user(operator).put(
+        override_url(host), {"workers": fused, "layout": LAYOUT, "reason": "x"}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    summary = budget_summary(host)
+    # A fused worker runs its stages in turn: one slot where the staged allocation took two.
+    assert 0 < summary["cpu_slots_taken"] < taken_staged
+    assert summary["cpu_slots_taken"] == pytest.approx(2 + 3 + 1)

@@ -19,7 +19,12 @@ from agents.budget import (
     most_workers,
 )
 from webapp.jobs.models import Host
-from webapp.jobs.services import Budget, latest_allocation, record_allocation_status
+from webapp.jobs.services import (
+    Budget,
+    group_budgets,
+    latest_allocation,
+    record_allocation_status,
+)
 
 from .inserts import BatchInsertPostgres, MultiRowInsert
 from .models import HostSample, RankSample, StageSample
@@ -391,10 +396,12 @@ def budget_summary(host: Host) -> dict:
     budget = host_budget(host, measurements)
     newest = latest_allocation(host)
     workers = newest.workers if newest is not None else {}
+    # A fused allocation names its groups: count them as the check of the allocation does.
+    stages = group_budgets(newest.layout, budget.stages) if newest and newest.layout else None
     # The allocation is per rank; every rank runs it.
     ranks = budget.host.ranks
-    taken = ranks * allocation_cpu_slots(workers, budget.stages) if newest else None
-    memory = ranks * allocation_memory_mb(workers, budget.stages) if newest else None
+    taken = ranks * allocation_cpu_slots(workers, stages or budget.stages) if newest else None
+    memory = ranks * allocation_memory_mb(workers, stages or budget.stages) if newest else None
     recent = measurements[-10:]
     cpu_used = (
         fmean(sum(s["cpu_percent"] for s in stages) / 100 for _, stages in recent)
