@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from webapp.jobs import services
 from webapp.jobs.models import AuditEntry, Host, Job
 from webapp.permissions import IsOperatorOrReadOnly
+from webapp.snapshot import snapshot
 from webapp.throttles import LoginRateThrottle
 
 from .serializers import (
@@ -173,6 +174,12 @@ class HostDetailView(generics.RetrieveAPIView):
     serializer_class = HostSerializer
     queryset = Host.objects.all()
     lookup_url_kwarg = "host_id"
+
+    def retrieve(self, request, *args, **kwargs):
+        # The host's row and its newest allocation from one moment: an allocation "applied"
+        # with the host still at the version before is a moment that never was.
+        with snapshot():
+            return super().retrieve(request, *args, **kwargs)
 
 
 def id_parameter(name: str, description: str) -> OpenApiParameter:
