@@ -5,7 +5,11 @@ Written once here rather than on every view, so that a fuzzer reading the schema
 and a client generated from it agree with the server about errors, not only about successes.
 """
 
+import threading
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import extend_schema
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -73,3 +77,20 @@ def document_errors(result, generator, request, public):
                 content = {"text/html": {"schema": {"type": "string"}}} if code == "414" else error
                 responses.setdefault(code, {"description": ERRORS[code], "content": content})
     return result
+
+
+class SchemaView(SpectacularAPIView):
+    """``GET /api/schema/``, built by one request at a time in a process.
+
+    drf-spectacular builds the schema with state shared by the process (its extensions are
+    imported and registered lazily, its component registry): two requests building it at once
+    on two threads of one web process broke each other with 500s (3 of 8 concurrent fetches,
+    ``ModuleNotFoundError`` inside its optional-extension loading). Building it takes a fraction
+    of a second; the others wait their turn."""
+
+    _building = threading.Lock()
+
+    @extend_schema(**SCHEMA_KWARGS)  # documented as drf-spectacular documents its own view
+    def get(self, request, *args, **kwargs):
+        with self._building:
+            return super().get(request, *args, **kwargs)

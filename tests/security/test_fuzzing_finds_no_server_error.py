@@ -3,6 +3,8 @@ credentials, as an operator and as an agent: no 5xx, no answer outside the schem
 input accepted, no operation open without its credentials; and where the schema can say all the
 rules (registering a job or a host), every request it allows is accepted."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from .conftest import live_plane
@@ -26,14 +28,26 @@ def fuzzed(tmp_path_factory, redis_url):
 def run_all(plane, workdir, max_examples: int, seed: int) -> list[dict]:
     url = plane.stack.url
     common = {"schema_token": plane.viewer, "max_examples": max_examples, "seed": seed}
-    return [
-        fuzz(url, workdir, name="anonymous", **common),
-        # Revoking the token mid-run would turn the rest into 401s: revocation has its own test.
-        fuzz(url, workdir, name="operator", headers={"Authorization": f"Token {plane.operator}"},
-             exclude_paths=["/api/v1/auth/token/"], **common),
-        fuzz(url, workdir, name="agent", headers={"Authorization": f"Agent {plane.agent_token}"},
-             include_path_regex=AGENT_PATHS, parameters={"host_id": plane.host_id}, **common),
-    ]  # fmt: skip
+
+    def with_credentials() -> list[dict]:
+        # In turn: the operator's stateful phase deletes the jobs and hosts it finds, the
+        # agent's host among them.
+        return [
+            # Revoking the token mid-run would turn the rest into 401s: revocation has its own
+            # test.
+            fuzz(url, workdir, name="operator",
+                 headers={"Authorization": f"Token {plane.operator}"},
+                 exclude_paths=["/api/v1/auth/token/"], **common),
+            fuzz(url, workdir, name="agent",
+                 headers={"Authorization": f"Agent {plane.agent_token}"},
+                 include_path_regex=AGENT_PATHS, parameters={"host_id": plane.host_id}, **common),
+        ]  # fmt: skip
+
+    # The anonymous run changes nothing (every answer is a 401): it runs beside the others.
+    with ThreadPoolExecutor(2) as pool:
+        anonymous = pool.submit(fuzz, url, workdir, name="anonymous", **common)
+        others = with_credentials()
+        return [anonymous.result(), *others]
 
 
 def assert_clean(runs: list[dict]) -> None:
@@ -72,9 +86,12 @@ def test_the_coverage_phase_finds_no_error_and_a_schema_as_strict_as_the_validat
     # with Python's ast module at once). That is an error of the tool, not a finding; one worker
     # never meets it and runs the same cases.
     common = {"schema_token": plane.viewer, "phases": "coverage", "workers": 1}
-    runs = [
-        fuzz(url, tmp_path, name="coverage-anonymous", **common),
-        fuzz(url, tmp_path, name="coverage-operator",
+    # The three runs at once, each its own process (the coverage phase deletes nothing the
+    # others use: DELETE of the job is left out below, and a job with hosts keeps its stages).
+    with ThreadPoolExecutor(3) as pool:
+        runs = [
+            pool.submit(fuzz, url, tmp_path, name="coverage-anonymous", **common),
+            pool.submit(fuzz, url, tmp_path, name="coverage-operator",
              headers={"Authorization": f"Token {plane.operator}"},
              exclude_paths=["/api/v1/auth/token/"],
              # Deleting the job the other cases work on would turn them into 404s.
@@ -82,10 +99,11 @@ def test_the_coverage_phase_finds_no_error_and_a_schema_as_strict_as_the_validat
              # What else refuses a valid-looking request depends on stored data: the stages of
              # a job with hosts, the hosts of another job, an override's stage names.
              accept_valid=["POST /api/v1/jobs/", "POST /api/v1/jobs/{job_id}/hosts/"], **common),
-        fuzz(url, tmp_path, name="coverage-agent",
-             headers={"Authorization": f"Agent {plane.agent_token}"},
-             include_path_regex=AGENT_PATHS, parameters={"host_id": plane.host_id}, **common),
-    ]  # fmt: skip
+            pool.submit(fuzz, url, tmp_path, name="coverage-agent",
+                 headers={"Authorization": f"Agent {plane.agent_token}"},
+                 include_path_regex=AGENT_PATHS, parameters={"host_id": plane.host_id}, **common),
+        ]  # fmt: skip
+        runs = [run.result() for run in runs]
     assert_clean(runs)
     assert all(run["phases"]["coverage"] == "success" for run in runs), runs
 
