@@ -41,6 +41,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from agents.layout import SEPARATOR as LAYOUT_SEPARATOR
+
 #: The most workers a stage whose workers wait may have, however little CPU they use.
 MAX_WAITING_WORKERS = 64
 #: A stage whose busy workers use less than this of a CPU each waits; at or above, it computes.
@@ -248,6 +250,30 @@ class HostBudget:
 
 def _number(value: float) -> str:
     return f"{round(value, 2):g}"
+
+
+def group_budgets(
+    layout: Sequence[Sequence[str]], stages: Sequence[StageBudget]
+) -> list[StageBudget]:
+    """A layout's groups (agents.layout) as the budget counts them, named as the allocation's
+    ``workers`` name them (``read+parse``): a group's ceiling is its stages' lowest, a worker
+    takes the most CPU slots any of its stages takes (it runs them all in turn), and the memory
+    of all of them (unknown if any is)."""
+    by_name = {s.name: s for s in stages}
+    result = []
+    for group in layout:
+        parts = [by_name[n] for n in group]
+        ceilings = [p.max_workers for p in parts if p.max_workers is not None]
+        memory = [p.memory_mb_per_worker for p in parts]
+        result.append(
+            StageBudget(
+                LAYOUT_SEPARATOR.join(group),
+                max_workers=min(ceilings) if ceilings else None,
+                worker_cpu=max(p.worker_cpu for p in parts),
+                memory_mb_per_worker=None if None in memory else sum(memory),
+            )
+        )
+    return result
 
 
 def allocation_cpu_slots(workers: Mapping[str, int], stages: Sequence[StageBudget]) -> float:

@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agents.budget import WorkerCpuMeter, cpu_slots, default_memory_budget_mb
+from agents.budget import WorkerCpuMeter, cpu_slots, default_memory_budget_mb, group_budgets
 from agents.client import ControlPlaneClient, ControlPlaneError
 from agents.daemon.buffer import SampleBuffer
 from agents.daemon.checks import StageLimits, check_allocation
 from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
 from agents.host import HostSampler
+from agents.layout import SEPARATOR as LAYOUT_SEPARATOR
 from agents.layout import layout_problem, workers_problem
 from agents.protocol import MAX_SAMPLES_PER_BATCH
 
@@ -579,27 +580,14 @@ class Agent:
         problem = layout_problem(layout, self.stage_names) or workers_problem(layout, workers)
         if problem:
             return None, problem
-        return ["+".join(group) for group in layout], None
+        return [LAYOUT_SEPARATOR.join(group) for group in layout], None
 
     def group_limits(self, groups: list[str]) -> list[StageLimits]:
-        """The checks' view of a layout's groups: a group's ceiling is its stages' lowest, a
-        worker takes the most CPU slots any of its stages' takes (it runs them all), and the
-        memory of all of them."""
-        limits = {s.name: s for s in self.stage_limits()}
-        result = []
-        for group in groups:
-            parts = [limits[name] for name in group.split("+")]
-            ceilings = [p.max_workers for p in parts if p.max_workers is not None]
-            memory = [p.memory_mb_per_worker for p in parts]
-            result.append(
-                StageLimits(
-                    group,
-                    max_workers=min(ceilings) if ceilings else None,
-                    worker_cpu=max(p.worker_cpu for p in parts),
-                    memory_mb_per_worker=None if None in memory else sum(memory),
-                )
-            )
-        return result
+        """The checks' view of a layout's groups (``read+parse``), as the control plane counts
+        them (agents.budget.group_budgets)."""
+        return group_budgets(
+            [group.split(LAYOUT_SEPARATOR) for group in groups], self.stage_limits()
+        )
 
     def _poll_loop(self) -> None:
         wait_s = self.config.poll_wait_s

@@ -7,8 +7,14 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
-from agents.budget import HostBudget, StageBudget, allocation_problems, cpu_slots
-from agents.layout import group_names, layout_problem, workers_problem
+from agents.budget import (
+    HostBudget,
+    StageBudget,
+    allocation_problems,
+    cpu_slots,
+    group_budgets,
+)
+from agents.layout import layout_problem, workers_problem
 from webapp import pubsub
 
 from .models import Allocation, AuditEntry, Host, Job, Stage
@@ -101,27 +107,6 @@ def validate_allocation(
         raise ValidationError({"workers": problems})
     assert isinstance(workers, Mapping)
     return {stage.name: workers[stage.name] for stage in stages}
-
-
-def group_budgets(layout: list[list[str]], stages: list[StageBudget]) -> list[StageBudget]:
-    """A layout's groups as the budget counts them: a group's ceiling is its stages' lowest,
-    a worker takes the most CPU slots any of its stages takes (it runs them all in turn), and
-    the memory of all of them (unknown if any is)."""
-    by_name = {s.name: s for s in stages}
-    result = []
-    for group, name in zip(layout, group_names(layout), strict=True):
-        parts = [by_name[n] for n in group]
-        ceilings = [p.max_workers for p in parts if p.max_workers is not None]
-        memory = [p.memory_mb_per_worker for p in parts]
-        result.append(
-            StageBudget(
-                name,
-                max_workers=min(ceilings) if ceilings else None,
-                worker_cpu=max(p.worker_cpu for p in parts),
-                memory_mb_per_worker=None if None in memory else sum(memory),
-            )
-        )
-    return result
 
 
 # A host's budget is measured from its stored samples, which the ingestion app owns (and which
