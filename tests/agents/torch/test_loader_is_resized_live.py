@@ -123,7 +123,8 @@ def test_the_agent_reports_the_loader_and_its_allocations_apply_across_epochs():
     assert set(epochs) == {50}, "every epoch delivered every batch"
     sample = host.samples[max(host.samples)]
     assert [s["name"] for s in sample["stages"]] == ["fetch+collate", "plus_one"]
-    assert sample["trainer"]["throughput"] > 0
+    # The newest sample may be the agent's last, taken once training had stopped (throughput 0).
+    assert any(s["trainer"]["throughput"] > 0 for s in host.samples.values())
     assert [s["workers"] for s in sample["stages"]] == [2, 1]
 
 
