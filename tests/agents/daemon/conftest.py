@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agents.daemon.agent import AgentConfig
+from agents.daemon.agent import Agent, AgentConfig
 from agents.pipeline import Pipeline, Stage
 from tests.support.standin_control_plane import StandinControlPlane
 
@@ -195,3 +195,30 @@ def outage():
         ride_out=ride_out_outage,
         assert_nothing_lost_duplicated_or_paused=assert_nothing_lost_duplicated_or_paused,
     )
+
+
+@pytest.fixture
+def agent(control_plane, pipeline, consumer, wait_for):
+    """An agent on the counting pipeline (parse, transform) with a budget of 4 slots, its
+    default allocation applied; yields (agent, host)."""
+    host = control_plane.add_host(["parse", "transform"])
+    config = AgentConfig(
+        url=control_plane.url,
+        host_id=host.id,
+        token=host.token,
+        interval_s=0.2,
+        batch_seconds=0.3,
+        worker_budget=4,
+        poll_wait_s=2.0,
+    )
+    agent = Agent(pipeline, config).start()
+    wait_for(lambda: agent.applied_version == 1, what="the default allocation to be applied")
+    yield agent, host
+    agent.stop()
+
+
+def refusals(host) -> dict[int, str]:
+    """The reasons the agent reported for the allocations it refused, by version."""
+    return {
+        r["version"]: r["reason"] for status in host.statuses for r in status.get("refused", [])
+    }

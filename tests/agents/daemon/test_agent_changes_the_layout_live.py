@@ -6,31 +6,7 @@ stage runs them each alone again."""
 
 import pytest
 
-from agents.daemon.agent import Agent, AgentConfig
-
-
-@pytest.fixture
-def agent(control_plane, pipeline, consumer, wait_for):
-    host = control_plane.add_host(["parse", "transform"])
-    config = AgentConfig(
-        url=control_plane.url,
-        host_id=host.id,
-        token=host.token,
-        interval_s=0.2,
-        batch_seconds=0.3,
-        worker_budget=4,
-        poll_wait_s=2.0,
-    )
-    agent = Agent(pipeline, config).start()
-    wait_for(lambda: agent.applied_version == 1, what="the default allocation to be applied")
-    yield agent, host
-    agent.stop()
-
-
-def refusals(host) -> dict[int, str]:
-    return {
-        r["version"]: r["reason"] for status in host.statuses for r in status.get("refused", [])
-    }
+from .conftest import refusals
 
 
 def test_a_layout_is_applied_live_and_the_stages_are_still_reported_as_written(

@@ -10,7 +10,7 @@ import pytest
 from agents.daemon.agent import Agent, AgentConfig
 from agents.pipeline import Pipeline, Stage
 
-from .conftest import Consumer
+from .conftest import Consumer, refusals
 
 
 def fetch(n: int) -> int:
@@ -63,12 +63,6 @@ def agent(control_plane, waiting_pipeline, wait_for):
     )
     yield agent, host
     agent.stop()
-
-
-def refusals(host) -> dict[int, str]:
-    return {
-        r["version"]: r["reason"] for status in host.statuses for r in status.get("refused", [])
-    }
 
 
 def test_sixteen_fetch_threads_fit_a_budget_of_four_cpu_slots(

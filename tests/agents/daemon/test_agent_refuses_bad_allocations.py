@@ -6,6 +6,8 @@ import pytest
 
 from agents.daemon.agent import Agent, AgentConfig
 
+from .conftest import refusals
+
 BAD = [
     ({"parse": 3, "transform": 3}, "host budget is 4"),  # 2 CPUs + 2 stages on any host below
     ({"parse": 0, "transform": 1}, "at least 1"),
@@ -14,30 +16,6 @@ BAD = [
     ({"parse": 2.0, "transform": 1}, "whole number"),
     ({"parse": 1, "transform": 5}, "at most 4"),
 ]
-
-
-@pytest.fixture
-def agent(control_plane, pipeline, consumer, wait_for):
-    host = control_plane.add_host(["parse", "transform"])
-    config = AgentConfig(
-        url=control_plane.url,
-        host_id=host.id,
-        token=host.token,
-        interval_s=0.2,
-        batch_seconds=0.3,
-        worker_budget=4,
-        poll_wait_s=2.0,
-    )
-    agent = Agent(pipeline, config).start()
-    wait_for(lambda: agent.applied_version == 1, what="the default allocation to be applied")
-    yield agent, host
-    agent.stop()
-
-
-def refusals(host) -> dict[int, str]:
-    return {
-        r["version"]: r["reason"] for status in host.statuses for r in status.get("refused", [])
-    }
 
 
 @pytest.mark.parametrize("workers, reason", BAD)
