@@ -30,7 +30,7 @@ import numpy as np
 
 from agents.budget import StageBudget, WorkerCpuMeter, allocation_cpu_slots, group_budgets
 from agents.layout import group_workers
-from tuner.balance import water_fill
+from tuner.balance import host_contention, peak_total, water_fill
 from tuner.memory import MemoryEstimator
 from tuner.observation import Observation
 
@@ -142,6 +142,7 @@ def encode(
     scaling: dict[str, float] | None = None,
     worker_cpu: Mapping[str, float] | None = None,
     usl: Mapping[str, tuple[float, float]] | None = None,
+    host_usl: Mapping[str, tuple[float, float]] | None = None,
 ) -> EncodedState:
     """Features, action mask and candidate allocations for one observation.
 
@@ -153,7 +154,11 @@ def encode(
     one each when left out). ``usl`` holds the ``(sigma, kappa)`` of the stages whose measured
     capacity follows the Universal Scalability Law instead (:mod:`tuner.capacity`, intune's
     online fit): their capacity is divided by ``1 + sigma (w - 1) + kappa w (w - 1)`` on top of
-    ``w ** scaling``, in the predicted gains and in the rebalances.
+    ``w ** scaling``, in the predicted gains and in the rebalances. ``host_usl`` holds the
+    ``(sigma, kappa)`` of the stages whose capacity per worker falls with the pipeline's TOTAL
+    workers ``W`` (:class:`tuner.capacity.HostContentionFit`): their capacity is divided by
+    ``1 + sigma (W - 1) + kappa W (W - 1)``, in the predicted gains and in the rebalances, which
+    also stop at the total predicted fastest (:func:`tuner.balance.peak_total`).
     """
     stages = observation.stages
     n = len(stages)
@@ -226,10 +231,20 @@ def encode(
         per_worker = capacity / workers**exponent
         if usl:
             per_worker = per_worker * contention(workers)
+        if host_usl:
+            # Capacity per worker with the others' contention undone (at a total of one).
+            per_worker = per_worker * host_contention(host_usl, names, [workers.sum()])[0]
+            peak = peak_total(per_worker, dict(host_usl), names, n, int(budget), cpus)
         for t, target in enumerate(REBALANCE_TARGETS):
             wanted = {"same": slots, "cpus": min(budget, int(cpus)), "budget": budget}[target]
             wanted = min(max(wanted, float(cost.sum())), budget)
-            new = list(water_fill(per_worker, caps, wanted, mem_upper, limit, exponent, cost, law))
+            filled = per_worker
+            if host_usl:
+                if target != "same":
+                    wanted = max(min(wanted, peak * float(cost.mean())), float(cost.sum()))
+                total = max(n, round(wanted / max(float(cost.mean()), 1e-9)))
+                filled = per_worker / host_contention(host_usl, names, [total])[0]
+            new = list(water_fill(filled, caps, wanted, mem_upper, limit, exponent, cost, law))
             label = f"rebalance {sum(new)} workers ({target})"
             candidates.append((1 + t, new, label, (-1, 10 + t), (-1, 13 + t)))
     for j, stage in enumerate(stages):
@@ -293,6 +308,12 @@ def encode(
         new_capacity = capacity * (matrix / workers) ** exponent * factor
         if usl:
             new_capacity = new_capacity * contention(workers) / contention(matrix)
+        if host_usl:
+            new_capacity = (
+                new_capacity
+                * host_contention(host_usl, names, [workers.sum()])
+                / host_contention(host_usl, names, matrix.sum(1))
+            )
         # Scaled to about -1..1; a 20x gain is as good as it gets in one step.
         gains = np.clip(np.log(new_capacity.min(axis=1) / bottleneck), -3.0, 3.0) / GAIN_SCALE
         seen: set[tuple[int, ...]] = {tuple(base)}
