@@ -114,10 +114,14 @@ class CapacityFit:
         self._dirty = False
 
 
-def _power_law_misses(points: dict[str, dict[int, list[float]]], step: int) -> list[str]:
-    """The stages whose points the power law misses by more than noise: one weighted
-    regression for all stages at once (a decision has 5 ms for everything)."""
-    names = [name for name, counts in points.items() if len(counts) >= MIN_DISTINCT]
+def _power_law_misses(
+    points: dict[str, dict], step: int, names: list[str] | None = None
+) -> list[str]:
+    """The stages whose points the power law of their own workers misses by more than noise:
+    one weighted regression for all stages at once (a decision has 5 ms for everything). A
+    point's key is the stage's workers, or ``(workers, total)`` (:class:`HostContentionFit`)."""
+    if names is None:
+        names = [name for name, counts in points.items() if len(counts) >= MIN_DISTINCT]
     if not names:
         return []
     width = max(len(points[name]) for name in names)
@@ -126,7 +130,8 @@ def _power_law_misses(points: dict[str, dict[int, list[float]]], step: int) -> l
     weights = np.zeros((len(names), width))
     for row, name in enumerate(names):
         counts = points[name]
-        x[row, : len(counts)] = np.log(list(counts))
+        own = [key[0] if isinstance(key, tuple) else key for key in counts]
+        x[row, : len(counts)] = np.log(own)
         values = np.array(list(counts.values()))
         y[row, : len(counts)] = values[:, 0]
         weights[row, : len(counts)] = values[:, 1] * FORGET ** (step - values[:, 2])
@@ -245,10 +250,14 @@ class HostContentionFit:
         their own power law; refitted every ``REFIT_EVERY`` decisions."""
         if self._dirty and self.step % REFIT_EVERY == 0:
             self.fitted = {}
-            for name, counts in self.points.items():
-                if len({total for _, total in counts}) < MIN_DISTINCT:
-                    continue
-                fit = _fit_contention(counts, self.step)
+            # The prior's own power law first, for all stages at once: a decision has 5 ms.
+            names = [
+                name
+                for name, counts in self.points.items()
+                if len({total for _, total in counts}) >= MIN_DISTINCT
+            ]
+            for name in _power_law_misses(self.points, self.step, names):
+                fit = _fit_contention(self.points[name], self.step)
                 if fit is not None:
                     self.fitted[name] = fit
             self._dirty = False
