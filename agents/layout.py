@@ -11,7 +11,7 @@ stage in exactly one group, in pipeline order, each group of neighbours. The all
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 SEPARATOR = "+"
 MAX_GROUPS = 64
@@ -20,6 +20,23 @@ MAX_GROUPS = 64
 def group_names(layout: Sequence[Sequence[str]]) -> list[str]:
     """The names the allocation's ``workers`` use for a layout's groups."""
     return [SEPARATOR.join(group) for group in layout]
+
+
+def group_workers(
+    decided: Mapping[str, int], observed: Mapping[str, int], layout: Sequence[Sequence[str]]
+) -> dict[str, int]:
+    """A per-stage allocation as the groups of ``layout`` run it. Each stage of a fused group
+    reports the group's workers, so a per-stage decision is read as changes from what was
+    observed: a group gets its workers as observed plus its stages' changes (at least one)."""
+    workers = {}
+    for group in layout:
+        now = max(observed.get(stage, 1) for stage in group)
+        delta = sum(
+            decided.get(stage, observed.get(stage, now)) - observed.get(stage, now)
+            for stage in group
+        )
+        workers[SEPARATOR.join(group)] = max(1, now + delta)
+    return workers
 
 
 def layout_problem(layout: object, stage_names: Sequence[str]) -> str | None:

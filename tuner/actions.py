@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.budget import StageBudget, WorkerCpuMeter
-from tuner.balance import water_fill
+from agents.budget import StageBudget, WorkerCpuMeter, allocation_cpu_slots, group_budgets
+from agents.layout import group_workers
+from tuner.balance import host_contention, peak_total, water_fill
 from tuner.memory import MemoryEstimator
 from tuner.observation import Observation
 
@@ -111,6 +112,29 @@ def estimated_capacity(observation: Observation) -> np.ndarray:
     )
 
 
+def _stage_budgets(names: list[str], cost: np.ndarray) -> list[StageBudget]:
+    return [StageBudget(name, worker_cpu=float(c)) for name, c in zip(names, cost, strict=True)]
+
+
+def _slot_counter(observation: Observation, cost: np.ndarray):
+    """CPU slots of a per-stage allocation of ``observation``'s pipeline. With a fused layout
+    in force, a group's stages each report the group's workers: the allocation is read as its
+    groups run it (:func:`agents.layout.group_workers`) and counted as the budget counts them
+    (:func:`agents.budget.group_budgets`), each group's workers once."""
+    layout = observation.layout
+    if not layout or all(len(group) == 1 for group in layout):
+        return lambda allocation: float(np.asarray(allocation, dtype=float) @ cost)
+    names = [s.name for s in observation.stages]
+    groups = group_budgets(layout, _stage_budgets(names, cost))
+    observed = observation.allocation
+
+    def slots(allocation) -> float:
+        decided = {name: int(w) for name, w in zip(names, allocation, strict=True)}
+        return allocation_cpu_slots(group_workers(decided, observed, layout), groups)
+
+    return slots
+
+
 def encode(
     observation: Observation,
     memory: MemoryEstimator,
@@ -118,6 +142,7 @@ def encode(
     scaling: dict[str, float] | None = None,
     worker_cpu: Mapping[str, float] | None = None,
     usl: Mapping[str, tuple[float, float]] | None = None,
+    host_usl: Mapping[str, tuple[float, float]] | None = None,
 ) -> EncodedState:
     """Features, action mask and candidate allocations for one observation.
 
@@ -129,7 +154,11 @@ def encode(
     one each when left out). ``usl`` holds the ``(sigma, kappa)`` of the stages whose measured
     capacity follows the Universal Scalability Law instead (:mod:`tuner.capacity`, intune's
     online fit): their capacity is divided by ``1 + sigma (w - 1) + kappa w (w - 1)`` on top of
-    ``w ** scaling``, in the predicted gains and in the rebalances.
+    ``w ** scaling``, in the predicted gains and in the rebalances. ``host_usl`` holds the
+    ``(sigma, kappa)`` of the stages whose capacity per worker falls with the pipeline's TOTAL
+    workers ``W`` (:class:`tuner.capacity.HostContentionFit`): their capacity is divided by
+    ``1 + sigma (W - 1) + kappa W (W - 1)``, in the predicted gains and in the rebalances, which
+    also stop at the total predicted fastest (:func:`tuner.balance.peak_total`).
     """
     stages = observation.stages
     n = len(stages)
@@ -140,7 +169,16 @@ def encode(
     workers = np.array([s.workers for s in stages], dtype=int)
     budget = float(host.worker_budget)
     cost = np.array([(worker_cpu or {}).get(name, 1.0) for name in names])
-    slots = float(workers @ cost)  # CPU slots the allocation in force takes
+    slots_of = _slot_counter(observation, cost)
+    slots = slots_of(workers)  # CPU slots the allocation in force takes
+    fused = bool(observation.layout) and any(len(group) > 1 for group in observation.layout)
+    # Slots an added worker of a stage takes: its group's (a fused worker runs all its stages).
+    group_cost = cost.copy()
+    if fused:
+        groups = group_budgets(observation.layout, _stage_budgets(names, cost))
+        for group, counted in zip(observation.layout, groups, strict=True):
+            for name in group:
+                group_cost[names.index(name)] = counted.worker_cpu
     caps = [
         StageBudget(s.name, s.max_workers, float(c)).most_workers or int(budget)
         for s, c in zip(stages, cost, strict=True)
@@ -193,16 +231,26 @@ def encode(
         per_worker = capacity / workers**exponent
         if usl:
             per_worker = per_worker * contention(workers)
+        if host_usl:
+            # Capacity per worker with the others' contention undone (at a total of one).
+            per_worker = per_worker * host_contention(host_usl, names, [workers.sum()])[0]
+            peak = peak_total(per_worker, dict(host_usl), names, n, int(budget), cpus)
         for t, target in enumerate(REBALANCE_TARGETS):
             wanted = {"same": slots, "cpus": min(budget, int(cpus)), "budget": budget}[target]
             wanted = min(max(wanted, float(cost.sum())), budget)
-            new = list(water_fill(per_worker, caps, wanted, mem_upper, limit, exponent, cost, law))
+            filled = per_worker
+            if host_usl:
+                if target != "same":
+                    wanted = max(min(wanted, peak * float(cost.mean())), float(cost.sum()))
+                total = max(n, round(wanted / max(float(cost.mean()), 1e-9)))
+                filled = per_worker / host_contention(host_usl, names, [total])[0]
+            new = list(water_fill(filled, caps, wanted, mem_upper, limit, exponent, cost, law))
             label = f"rebalance {sum(new)} workers ({target})"
             candidates.append((1 + t, new, label, (-1, 10 + t), (-1, 13 + t)))
     for j, stage in enumerate(stages):
         w = base[j]
         for level in range(LEVELS):
-            free = math.floor((budget - slots) / cost[j] + 1e-9)
+            free = math.floor((budget - slots) / group_cost[j] + 1e-9)
             k = min(_size("add", level, w), caps[j] - w, free)
             if k >= 1:
                 new = base.copy()
@@ -245,6 +293,11 @@ def encode(
         memory_fraction = (matrix @ mem_mean) / limit
         # CPU slots each candidate takes; a worker asks for about its slots of a CPU while busy.
         totals = matrix @ cost
+        if fused:
+            # What the budget checks: the groups' workers, once each (agents.budget).
+            budget_totals = np.array([slots_of(row) for row in matrix])
+        else:
+            budget_totals = totals
         share_now = min(1.0, cpus / max(slots, 1e-9))
         share_new = np.minimum(1.0, cpus / totals)
         # A worker takes (1 - c) of waiting plus c / share of CPU time per unit of work: the CPU
@@ -255,6 +308,12 @@ def encode(
         new_capacity = capacity * (matrix / workers) ** exponent * factor
         if usl:
             new_capacity = new_capacity * contention(workers) / contention(matrix)
+        if host_usl:
+            new_capacity = (
+                new_capacity
+                * host_contention(host_usl, names, [workers.sum()])
+                / host_contention(host_usl, names, matrix.sum(1))
+            )
         # Scaled to about -1..1; a 20x gain is as good as it gets in one step.
         gains = np.clip(np.log(new_capacity.min(axis=1) / bottleneck), -3.0, 3.0) / GAIN_SCALE
         seen: set[tuple[int, ...]] = {tuple(base)}
@@ -263,7 +322,7 @@ def encode(
         fits = new_memory <= limit
         strict = over_memory and bool(fits.any())
         # An agent refuses any allocation above the host's CPU slots (they can shrink under events).
-        within_budget = totals <= budget + 1e-9
+        within_budget = budget_totals <= budget + 1e-9
         for c, (index, new, label, slot, memory_slot) in enumerate(candidates):
             labels[index] = label
             if memory_slot is not None:

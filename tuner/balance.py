@@ -15,6 +15,8 @@ import numpy as np
 #: A stage whose workers wait (each takes less than a CPU slot, :mod:`agents.budget`) is given
 #: workers past the slowest stage's capacity, up to this many times it, while the slots last.
 WAITING_HEADROOM = 1.5
+#: :func:`peak_total` stops at the smallest total predicted within this of the fastest.
+PEAK_TOLERANCE = 0.005
 
 
 def water_fill(
@@ -83,3 +85,35 @@ def water_fill(
             used += memory[i]
             remaining -= cost[i]
     return tuple(workers)
+
+
+def host_contention(
+    law: dict[str, tuple[float, float]], names: list[str], totals: np.ndarray
+) -> np.ndarray:
+    """``1 + sigma (W - 1) + kappa W (W - 1)`` per total in ``totals`` (rows) and stage
+    (columns), 1 for stages without a fitted host law."""
+    sigma = np.array([law.get(name, (0.0, 0.0))[0] for name in names])
+    kappa = np.array([law.get(name, (0.0, 0.0))[1] for name in names])
+    w = np.asarray(totals, dtype=float)[:, None]
+    return 1.0 + sigma * (w - 1.0) + kappa * w * (w - 1.0)
+
+
+def peak_total(
+    per_worker: np.ndarray,
+    law: dict[str, tuple[float, float]],
+    names: list[str],
+    smallest: int,
+    largest: int,
+    cpus: float,
+) -> int:
+    """The total workers at which the balanced pipeline is predicted fastest under the host
+    law: ``min(W, cpus) / sum_i (contention_i(W) / per_worker_i)`` (each stage given workers in
+    proportion to its time per item; past ``cpus`` the workers only share the CPUs), over
+    ``smallest..largest``. ``largest`` where no stage has a host law."""
+    if not law or largest <= smallest:
+        return largest
+    totals = np.arange(smallest, largest + 1)
+    time_per_item = (host_contention(law, names, totals) / np.maximum(per_worker, 1e-12)).sum(1)
+    predicted = np.minimum(totals, max(cpus, 1.0)) / time_per_item
+    # The smallest total within PEAK_TOLERANCE of the best: a flat top is not worth workers.
+    return int(totals[np.argmax(predicted >= predicted.max() * (1.0 - PEAK_TOLERANCE))])

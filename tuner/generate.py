@@ -126,6 +126,10 @@ def random_scenario(
 
 
 MODEL_WRONG_KINDS = ("usl", "bandwidth", "wait_growth", "consumer_change")
+#: Held out from every suite above: every stage memory-bound (0.5 to 0.95 of its CPU time) and
+#: a host bandwidth of 5 to 15% of its CPUs' worth, so that the stages contend from a few
+#: workers on and every worker added anywhere slows all of them.
+CONTENTION_KIND = "contention"
 
 
 def _model_wrong_stages(
@@ -151,6 +155,10 @@ def _model_wrong_stages(
         bound[slowest] = max(bound[slowest], float(rng.uniform(0.3, 0.9)))
         new = [replace(s, memory_bound=round(float(b), 3)) for s, b in zip(new, bound, strict=True)]
         bandwidth = round(max(1.0, cpus * float(rng.uniform(0.2, 0.5))), 1)
+    elif kind == CONTENTION_KIND:
+        bound = rng.uniform(0.5, 0.95, n)
+        new = [replace(s, memory_bound=round(float(b), 3)) for s, b in zip(new, bound, strict=True)]
+        bandwidth = round(max(1.0, cpus * float(rng.uniform(0.05, 0.15))), 1)
     elif kind == "wait_growth":
         for i in sorted({0, slowest} if rng.random() < 0.5 else {0}):
             us = new[i].us_per_sample
@@ -222,6 +230,17 @@ def model_wrong_suite(seed: int = 2027, count: int = 12, holdout: bool = False) 
     ]
 
 
+def contention_suite(seed: int = 2029, count: int = 8) -> list[Scenario]:
+    """The held-out contention suite (:data:`CONTENTION_KIND`), with the held-out shapes of
+    :func:`model_wrong_suite` (3..12 stages, 8..96 CPUs); seed 2029 in the committed file."""
+    rng = np.random.default_rng(seed)
+    shapes = {"stages": (3, 12), "cpus": (8, 96), "us_per_sample": (2.0, 80.0)}
+    return [
+        model_wrong_scenario(rng, f"contention-holdout-{i:02d}", CONTENTION_KIND, **shapes)
+        for i in range(count)
+    ]
+
+
 def holdout_suite(seed: int = 2026, count: int = 10) -> list[Scenario]:
     """Scenarios unlike pretraining's draws: another seed, 3..12 stages, 4..96 CPUs, costlier
     stages; every kind appears."""
@@ -246,12 +265,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=10, help="number of scenarios")
     parser.add_argument(
         "--model-wrong",
-        choices=("train", "holdout"),
+        choices=("train", "holdout", "contention"),
         help="write a model-is-wrong suite instead (tuner/suites/model_wrong.json: train, seed "
-        "2027, count 12; model_wrong_holdout.json: holdout, seed 2028, count 12)",
+        "2027, count 12; model_wrong_holdout.json: holdout, seed 2028, count 12; "
+        "contention_holdout.json: contention, seed 2029, count 8)",
     )
     args = parser.parse_args(argv)
-    if args.model_wrong:
+    if args.model_wrong == "contention":
+        suite = contention_suite(args.seed, args.count)
+    elif args.model_wrong:
         suite = model_wrong_suite(args.seed, args.count, holdout=args.model_wrong == "holdout")
     else:
         suite = holdout_suite(args.seed, args.count)

@@ -21,7 +21,7 @@ import torch.nn.functional as functional
 
 from agents.budget import WorkerCpuMeter
 from tuner.actions import EncodedState, encode, estimated_capacity, measure_worker_cpu
-from tuner.capacity import CapacityFit
+from tuner.capacity import CapacityFit, HostContentionFit
 from tuner.memory import MemoryEstimator
 from tuner.observation import Decision, Observation
 from tuner.qnetwork import QNetwork
@@ -86,6 +86,10 @@ class IntuneConfig:
     capacity_fit: bool = True
     """Fit each stage's capacity curve online (:mod:`tuner.capacity`) and use it where the
     measurements contradict the prior's power law (``prior`` never does: it is learning)."""
+    host_contention_fit: bool = True
+    """With ``capacity_fit``, also fit each stage's capacity per worker against the pipeline's
+    total workers (:class:`tuner.capacity.HostContentionFit`): stages that contend for the
+    host's memory bandwidth slow together as workers are added anywhere."""
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
@@ -148,6 +152,7 @@ class IntuneTuner:
         self.memory = MemoryEstimator()
         self.scaling = ScalingEstimator()
         self.capacity = CapacityFit()
+        self.contention = HostContentionFit()
         self.worker_cpu = WorkerCpuMeter()
         self.previous: tuple[EncodedState, int] | None = None
         self.last_good_throughput: float | None = None
@@ -195,15 +200,21 @@ class IntuneTuner:
         self.scaling.update(observation)
         exponents = {s.name: self.scaling.scaling(s.name) for s in observation.stages}
         worker_cpu = measure_worker_cpu(self.worker_cpu, observation)
-        usl = None
+        usl = host_usl = None
         if self.uses_capacity_fit:
             self.capacity.update(observation, worker_cpu)
             usl = self.capacity.usl()
-            # A stage the law describes is fitted whole: its power-law exponent is dropped.
+            if self.config.host_contention_fit:
+                self.contention.update(observation, worker_cpu)
+                # A stage's own law, where fitted, explains its points already.
+                host_usl = {k: v for k, v in self.contention.usl().items() if k not in usl}
+            # A stage a law describes is fitted whole: its power-law exponent is dropped.
             exponents.update({name: 1.0 for name in usl})
+            exponents.update({name: 1.0 for name in host_usl or ()})
         state = encode(
-            observation, self.memory, self.per_worker_capacity, exponents, worker_cpu, usl
-        )
+            observation, self.memory, self.per_worker_capacity, exponents, worker_cpu, usl,
+            host_usl,
+        )  # fmt: skip
         reward = None
         if self.previous is not None:
             reward = self.reward(observation)
@@ -333,6 +344,7 @@ class IntuneTuner:
             "memory": self.memory.state_dict(),
             "scaling": self.scaling.state_dict(),
             "capacity": self.capacity.state_dict(),
+            "contention": self.contention.state_dict(),
             "worker_cpu": self.worker_cpu.state_dict(),
             "previous": previous,
             "last_good_throughput": self.last_good_throughput,
@@ -364,6 +376,9 @@ class IntuneTuner:
         self.capacity = CapacityFit()
         if "capacity" in state:  # checkpoints from before the capacity fit
             self.capacity.load_state_dict(state["capacity"])
+        self.contention = HostContentionFit()
+        if "contention" in state:  # checkpoints from before the host contention fit
+            self.contention.load_state_dict(state["contention"])
         self.worker_cpu = WorkerCpuMeter()
         if "worker_cpu" in state:  # checkpoints from before waiting stages were measured
             self.worker_cpu.load_state_dict(state["worker_cpu"])

@@ -48,6 +48,9 @@ class Observation:
     host: HostObservation
     throughput: float
     trainer_idle_fraction: float
+    # The layout in force (agents.layout): groups of neighbouring stages run fused. Each stage
+    # of a fused group reports the group's workers; None: every stage runs alone.
+    layout: list[list[str]] | None = None
 
     @property
     def allocation(self) -> dict[str, int]:

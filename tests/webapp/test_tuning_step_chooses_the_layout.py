@@ -233,3 +233,17 @@ def test_without_the_option_a_layout_a_person_set_stays_and_the_tuner_moves_its_
     seen = steps(session, DLRM, cpus=2, throughput=400_000.0, count=2)
     assert all(a.layout == layout for a in seen)
     assert all(set(a.workers) == {"read+parse", "transform+collate"} for a in seen)
+
+
+@pytest.mark.django_db
+def test_the_tuner_is_shown_the_layout_in_force_so_it_counts_a_group_once(operator):
+    from webapp.tuning.observations import build_observation, fresh_window
+
+    session = session_on(operator, DLRM, cpus=2, ceilings={"read": 4})
+    (fused,) = steps(session, DLRM, cpus=2, throughput=400_000.0, count=1)
+    host = session.host
+    samples(host, 1000, 6, DLRM, cpus=2, throughput=400_000.0)
+    host.refresh_from_db()
+    observation = build_observation(host, list(fresh_window(host, 0.0)))
+    assert observation.layout == fused.layout
+    assert len(observation.layout) < len(DLRM)

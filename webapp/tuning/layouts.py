@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.layout import group_names
+from agents.layout import group_names, group_workers
 from tuner import Observation
 from tuner.layout import LayoutCosts, choose_layout, spans_of
 from tuner.scenario import Scenario, StageSpec
@@ -136,15 +136,7 @@ def choose(
 def to_groups(
     decided: dict[str, int], observed: dict[str, int], layout: list[list[str]]
 ) -> dict[str, int]:
-    """The tuner's per-stage decision as the groups of ``layout`` run it. A fused group's stages
-    each report the group's workers, so the tuner's moves are deltas from those: a group gets
-    its workers as observed plus its stages' changes (at least one)."""
-    workers = {}
-    for group, name in zip(layout, group_names(layout), strict=True):
-        now = max(observed.get(stage, 1) for stage in group)
-        delta = sum(
-            decided.get(stage, observed.get(stage, now)) - observed.get(stage, now)
-            for stage in group
-        )
-        workers[name] = max(1, now + delta)
-    return workers
+    """The tuner's per-stage decision as the groups of ``layout`` run it
+    (:func:`agents.layout.group_workers`: a fused group's stages each report the group's
+    workers, so the tuner's moves are deltas from those)."""
+    return group_workers(decided, observed, layout)

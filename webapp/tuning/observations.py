@@ -28,6 +28,10 @@ def build_observation(
     samples/s) and the host's CPUs, slots and memory divided by N. Its decision is the
     allocation every rank runs; its reward, the log change of throughput, is the log change
     of the host's total samples/s (N does not change within a session's window).
+
+    The observation carries the layout of the allocation the agent applied (the window's): with
+    stages fused, each stage of a group reports the group's workers, and the tuner counts them
+    once per group, as the budget does.
     """
     stage_specs = {stage.name: stage for stage in host.job.stages.all()}
     budget = budget or host_budget(host)
@@ -73,6 +77,15 @@ def build_observation(
         ),
         throughput=fmean(s.throughput for s in samples) / ranks,
         trainer_idle_fraction=fmean(s.idle_fraction for s in samples),
+        layout=_applied_layout(host),
+    )
+
+
+def _applied_layout(host: Host) -> list[list[str]] | None:
+    return (
+        host.allocations.filter(version=host.applied_version)
+        .values_list("layout", flat=True)
+        .first()
     )
 
 
