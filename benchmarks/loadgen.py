@@ -21,7 +21,6 @@ import json
 import multiprocessing as mp
 import os
 import random
-import resource
 import ssl
 import statistics
 import sys
@@ -33,6 +32,7 @@ import httpx
 import psutil
 
 from agents.budget import cpu_slots
+from webapp.stack.limits import raise_open_file_limit
 
 SHAPES = ("spread", "in-step")
 # The HTTP client of each simulated agent: httpx (the real agent's) or aiohttp (lighter per
@@ -221,24 +221,6 @@ async def _long_poll(
             await asyncio.sleep(1)
 
 
-def raise_file_limit(needed: int) -> int:
-    """Raise this process's open-file limit (inherited by the processes it starts: the
-    generator's and a stack's web workers) to its hard limit; an error that says what to do if
-    ``needed`` descriptors do not fit even then. Returns the soft limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = target
-    if soft < needed:
-        raise RuntimeError(
-            f"this load needs about {needed} open files in one process but the hard limit is "
-            f"{hard}: raise it (ulimit -Hn, or LimitNOFILE= / nofile in limits.conf) or use "
-            "fewer agents or more --processes"
-        )
-    return soft
-
-
 def _run_agents(
     url: str,
     hosts: list[dict],
@@ -253,7 +235,7 @@ def _run_agents(
     ready=None,
 ) -> None:
     # Two connections an agent (its batches, its long-poll), and room for the rest.
-    raise_file_limit(2 * len(hosts) + 64)
+    raise_open_file_limit(2 * len(hosts) + 64)
 
     async def main():
         stats = {
@@ -356,7 +338,7 @@ def run(
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     processes = processes or max(2, -(-agents // AGENTS_PER_PROCESS))
-    raise_file_limit(2 * -(-agents // processes) + 64)
+    raise_open_file_limit(2 * -(-agents // processes) + 64)
     stage_names = [f"stage{i}" for i in range(stages)]
     registering = time.monotonic()
     job_id, hosts = register(url, api_token, agents, stage_names)
@@ -542,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     url, token = args.url, args.api_token
     if url is None:
         # The web workers inherit this limit: every agent's two connections may land on one.
-        raise_file_limit(2 * args.agents + 256)
+        raise_open_file_limit(2 * args.agents + 256)
         stack = live_stack(args.web_tier, args.agents)
         stack.start()
         url, token = stack.url, stack.create_user("load-operator", role="operator")["token"]
