@@ -1,20 +1,27 @@
-"""Simulated agents: N real HTTP clients streaming 1 Hz metric batches at a control plane.
+"""Simulated agents: N real HTTP clients streaming metric batches at a control plane.
 
     python -m benchmarks.loadgen --agents 200 --stages 8 --seconds 300           # own live stack
     python -m benchmarks.loadgen --url http://127.0.0.1:8000 --api-token T ...   # an existing one
+    python -m benchmarks.loadgen --agents 2000 --batch-seconds 10 --seconds 60 --long-poll-wait 30
 
-Each simulated agent registers a host, then once a second posts one sample with one row per
-stage (as the real agent does at 1 Hz), and keeps an allocation long-poll open. Agents run as
-asyncio tasks in a few processes of their own, so the generator does not share the server's
-process. Prints (and writes with --json) samples sent, stored (counted in the database's answer),
-latency percentiles and errors. Bounded: it stops after --seconds.
+Each simulated agent registers a host (8 at a time), then takes a sample a second with one row
+per stage (as the real agent does) and ships them every --batch-seconds, and keeps an allocation
+long-poll open. Agents run as asyncio tasks in processes of their own (one per 500 agents, at
+least 2), so the generator does not share the server's process, each with an HTTP client of its
+own (aiohttp by default: a third of httpx's CPU a request; --client httpx for the real agent's).
+A batch's latency runs from just before its request is sent to its whole answer; its body is
+serialised before. Prints (and writes with --json) samples sent, stored (counted in the
+database's answer), latency percentiles, errors, the generator's own CPU a request and the web
+processes' CPU (psutil), and the load average. Bounded: it stops after --seconds.
 """
 
 import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import random
+import ssl
 import statistics
 import sys
 import time
@@ -22,10 +29,18 @@ import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 
 from agents.budget import cpu_slots
+from webapp.stack.limits import raise_open_file_limit
 
 SHAPES = ("spread", "in-step")
+# The HTTP client of each simulated agent: httpx (the real agent's) or aiohttp (lighter per
+# request; same requests, same latency window).
+CLIENTS = ("httpx", "aiohttp")
+# Agents per generator process when --processes is not given: one event loop per 500 agents
+# keeps a loop's own queueing out of what is measured (2,000 agents: 4 processes).
+AGENTS_PER_PROCESS = 500
 # uvicorn: the shipped tier; uvicorn-django: the same with agents' batches served by Django's
 # view (INTUNE_LEAN_INGESTION=False, as before webapp/ingestion/api/lean.py); gthread: the former.
 WEB_TIERS = ("uvicorn", "uvicorn-django", "gthread")
@@ -81,8 +96,66 @@ def _sample(seq: int, stages: list[str], version: int) -> dict:
     }
 
 
+class HttpxAgentClient:
+    """One agent's httpx client (as the real agent uses). The SSL context is shared: httpx
+    builds one per client otherwise (24 ms of CPU each, measured: 48 s for 2,000 agents)."""
+
+    error = httpx.HTTPError
+
+    def __init__(self, url: str, ssl_context: ssl.SSLContext) -> None:
+        self.client = httpx.AsyncClient(base_url=url, timeout=30, verify=ssl_context)
+
+    async def post(self, path: str, content: bytes, headers: dict) -> tuple[int, str]:
+        response = await self.client.post(path, content=content, headers=headers)
+        return response.status_code, response.text
+
+    async def get(self, path: str, params: dict, headers: dict, timeout: float) -> int:
+        response = await self.client.get(path, params=params, headers=headers, timeout=timeout)
+        return response.status_code
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class AiohttpAgentClient:
+    """One agent's aiohttp session: the same requests as ``HttpxAgentClient``."""
+
+    def __init__(self, url: str, ssl_context: ssl.SSLContext) -> None:
+        import aiohttp
+
+        self.error = (aiohttp.ClientError, asyncio.TimeoutError)
+        self.url = url
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
+
+    async def post(self, path: str, content: bytes, headers: dict) -> tuple[int, str]:
+        async with self.session.post(self.url + path, data=content, headers=headers) as response:
+            return response.status, (await response.read()).decode(errors="replace")
+
+    async def get(self, path: str, params: dict, headers: dict, timeout: float) -> int:
+        import aiohttp
+
+        async with self.session.get(
+            self.url + path, params=params, headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:  # fmt: skip
+            await response.read()
+            return response.status
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+def agent_client(kind: str, url: str, ssl_context: ssl.SSLContext):
+    if kind not in CLIENTS:
+        raise ValueError(f"client must be one of {CLIENTS}, got {kind!r}")
+    return (HttpxAgentClient if kind == "httpx" else AiohttpAgentClient)(url, ssl_context)
+
+
 async def _agent(
-    client: httpx.AsyncClient,
+    client,
     host: dict,
     stages: list[str],
     deadline: float,
@@ -91,8 +164,11 @@ async def _agent(
     in_step: bool = False,
 ) -> None:
     """One simulated agent: a sample every second, shipped every ``batch_seconds`` seconds;
-    the agents start spread over the batch period, or all at once (``in_step``)."""
-    headers = {"Authorization": f"Agent {host['agent_token']}"}
+    the agents start spread over the batch period, or all at once (``in_step``). A batch's
+    latency runs from just before its request is sent to its whole answer; its body is built
+    and serialised before that, as the real agent's is."""
+    headers = {"Authorization": f"Agent {host['agent_token']}", "Content-Type": "application/json"}
+    path = f"/api/v1/hosts/{host['id']}/metrics/"
     seq = 0
     version = 1
     if not in_step:
@@ -106,40 +182,42 @@ async def _agent(
             sample["ts"] -= batch_seconds - 1 - back
             samples.append(sample)
         body = {"samples": samples, "allocation_status": {"applied_version": version}}
+        content = json.dumps(body, separators=(",", ":")).encode()
         started = time.perf_counter()
         try:
-            response = await client.post(
-                f"/api/v1/hosts/{host['id']}/metrics/", json=body, headers=headers
-            )
+            status, text = await client.post(path, content, headers)
             stats["latencies"].append(time.perf_counter() - started)
             stats["sent"] += len(samples)
-            if response.status_code == 200:
+            if status == 200:
                 stats["acknowledged"] += len(samples)
             else:
-                stats["errors"].append(f"{response.status_code}: {response.text[:200]}")
-        except httpx.HTTPError as exc:
+                stats["errors"].append(f"{status}: {text[:200]}")
+        except client.error as exc:
             stats["sent"] += len(samples)
             stats["errors"].append(f"{type(exc).__name__}: {exc}")
+        stats["requests"] += 1
         next_at += batch_seconds
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
 async def _long_poll(
-    client: httpx.AsyncClient, host: dict, deadline: float, spread_s: float, wait_s: float
+    client, host: dict, deadline: float, spread_s: float, wait_s: float, stats: dict
 ) -> None:
     """The agent's allocation long-poll, re-armed as soon as it returns; started at a random
-    moment within ``spread_s`` (0: all agents at once, in step)."""
+    moment within ``spread_s`` (0: all agents at once, in step). Answers other than 200 and
+    204 and failed requests are counted as long-poll errors."""
     headers = {"Authorization": f"Agent {host['agent_token']}"}
+    path = f"/api/v1/hosts/{host['id']}/allocation/"
+    params = {"after": 1, "wait": wait_s}
     await asyncio.sleep(random.uniform(0, spread_s))
     while time.monotonic() < deadline:
         try:
-            await client.get(
-                f"/api/v1/hosts/{host['id']}/allocation/",
-                params={"after": 1, "wait": wait_s},
-                headers=headers,
-                timeout=wait_s + 30,
-            )
-        except httpx.HTTPError:
+            status = await client.get(path, params, headers, wait_s + 30)
+            stats["requests"] += 1
+            if status not in (200, 204):
+                stats["long_poll_errors"].append(f"long-poll {status}")
+        except client.error as exc:
+            stats["long_poll_errors"].append(f"long-poll {type(exc).__name__}: {exc}")
             await asyncio.sleep(1)
 
 
@@ -153,13 +231,25 @@ def _run_agents(
     queue,
     in_step: bool = False,
     long_poll_wait: float = 20,
+    client_kind: str = "httpx",
+    ready=None,
 ) -> None:
+    # Two connections an agent (its batches, its long-poll), and room for the rest.
+    raise_open_file_limit(2 * len(hosts) + 64)
+
     async def main():
-        stats = {"sent": 0, "acknowledged": 0, "latencies": [], "errors": []}
+        stats = {
+            "sent": 0, "acknowledged": 0, "requests": 0, "latencies": [], "errors": [],
+            "long_poll_errors": [],
+        }  # fmt: skip
         # A client per agent, as a fleet has. With one client shared by 200 agents (and 400
         # connections in its pool) the generator used 1.3 of the 2 cores it shares with the
         # server it measures; with a client each, 0.35 (psutil, per process, during a run).
-        clients = [httpx.AsyncClient(base_url=url, timeout=30) for _ in hosts]
+        ssl_context = ssl.create_default_context()
+        clients = [agent_client(client_kind, url, ssl_context) for _ in hosts]
+        if ready is not None:  # every process starts its agents at the same moment
+            await asyncio.to_thread(ready.wait, 120)
+        cpu = psutil.Process().cpu_times()
         try:
             deadline = time.monotonic() + seconds
             tasks = [
@@ -169,18 +259,44 @@ def _run_agents(
             if long_poll:
                 spread = 0.0 if in_step else batch_seconds
                 tasks += [
-                    _long_poll(c, h, deadline, spread, long_poll_wait)
+                    _long_poll(c, h, deadline, spread, long_poll_wait, stats)
                     for c, h in zip(clients, hosts, strict=True)
                 ]
             await asyncio.gather(*tasks)
         finally:
+            # The CPU of the load itself: the clients' set-up and tear-down are left out.
+            now = psutil.Process().cpu_times()
+            stats["cpu_s"] = (now.user - cpu.user) + (now.system - cpu.system)
             await asyncio.gather(*(c.aclose() for c in clients))
         return stats
 
     queue.put(asyncio.run(main()))
 
 
-def register(url: str, api_token: str, agents: int, stages: list[str]) -> tuple[int, list[dict]]:
+def register(
+    url: str, api_token: str, agents: int, stages: list[str], concurrency: int = 8
+) -> tuple[int, list[dict]]:
+    """A job with ``stages`` and ``agents`` hosts, registered through the REST API,
+    ``concurrency`` at a time (2,000 one after another take minutes)."""
+
+    async def hosts_of(job_id: int) -> list[dict]:
+        gate = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Token {api_token}"}, timeout=60,
+            limits=httpx.Limits(max_connections=concurrency),
+        ) as api:  # fmt: skip
+
+            async def one(i: int) -> dict:
+                async with gate:
+                    host = await api.post(
+                        f"/api/v1/jobs/{job_id}/hosts/",
+                        json={"name": f"sim-{i:04d}", "cpus": 16, "memory_mb": 65536},
+                    )
+                host.raise_for_status()
+                return host.json()
+
+            return list(await asyncio.gather(*(one(i) for i in range(agents))))
+
     with httpx.Client(
         base_url=url, headers={"Authorization": f"Token {api_token}"}, timeout=60
     ) as api:
@@ -190,15 +306,7 @@ def register(url: str, api_token: str, agents: int, stages: list[str]) -> tuple[
         )
         job.raise_for_status()
         job_id = job.json()["id"]
-        hosts = []
-        for i in range(agents):
-            host = api.post(
-                f"/api/v1/jobs/{job_id}/hosts/",
-                json={"name": f"sim-{i:04d}", "cpus": 16, "memory_mb": 65536},
-            )
-            host.raise_for_status()
-            hosts.append(host.json())
-    return job_id, hosts
+    return job_id, asyncio.run(hosts_of(job_id))
 
 
 def run(
@@ -214,6 +322,8 @@ def run(
     shape: str = "spread",
     long_poll_wait: float = 20,
     on_start=None,
+    client: str = "aiohttp",
+    server_processes=None,
 ) -> dict:
     """Run the load and return its figures (``stored`` is counted from the server's answers).
 
@@ -221,15 +331,24 @@ def run(
     agent's default is 5; 1 is the harshest case, a request per sample). ``shape``: "spread",
     agents start at random moments over the batch period; "in-step", all at the same moment,
     each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns.
-    ``on_start`` is called once the hosts are registered, as the load starts."""
+    ``on_start`` is called once the hosts are registered, as the load starts. ``processes``:
+    generator processes (0: one per AGENTS_PER_PROCESS agents, at least 2). ``client``: the
+    agents' HTTP client (CLIENTS). ``server_processes``: a callable giving the server's
+    processes (psutil), whose CPU during the load is reported beside the generator's."""
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
+    processes = processes or max(2, -(-agents // AGENTS_PER_PROCESS))
+    raise_open_file_limit(2 * -(-agents // processes) + 64)
     stage_names = [f"stage{i}" for i in range(stages)]
+    registering = time.monotonic()
     job_id, hosts = register(url, api_token, agents, stage_names)
-    queue = mp.get_context("spawn").Queue()
-    groups = [hosts[i::processes] for i in range(processes)]
+    registered_s = time.monotonic() - registering
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    groups = [g for g in (hosts[i::processes] for i in range(processes)) if g]
+    ready = context.Barrier(len(groups))
     workers = [
-        mp.get_context("spawn").Process(
+        context.Process(
             target=_run_agents,
             args=(
                 url,
@@ -241,22 +360,30 @@ def run(
                 queue,
                 shape == "in-step",
                 long_poll_wait,
+                client,
+                ready,
             ),
         )  # fmt: skip
         for g in groups
-        if g
     ]
     if on_start is not None:
         on_start()
+    watched = list(server_processes()) if server_processes else []
+    server_cpu = _cpu_of(watched)
     started = time.monotonic()
     for w in workers:
         w.start()
-    results = [queue.get(timeout=seconds + 120) for _ in workers]
+    results = [queue.get(timeout=seconds + 180) for _ in workers]
     for w in workers:
         w.join(timeout=30)
     elapsed = time.monotonic() - started
+    server_cpu = _cpu_of(watched) - server_cpu
+    load_average = [round(x, 2) for x in os.getloadavg()]
     latencies = sorted(lat for r in results for lat in r["latencies"])
     errors = [e for r in results for e in r["errors"]]
+    long_poll_errors = [e for r in results for e in r["long_poll_errors"]]
+    requests = sum(r["requests"] for r in results)
+    generator_cpu = sum(r["cpu_s"] for r in results)
 
     def pct(p: float) -> float:
         return (
@@ -289,7 +416,35 @@ def run(
         },
         "errors": len(errors),
         "first_errors": errors[:5],
+        "long_poll_errors": len(long_poll_errors),
+        "first_long_poll_errors": long_poll_errors[:5],
+        "client": client,
+        "processes": len(workers),
+        "registration_s": round(registered_s, 1),
+        "requests": requests,
+        # The generator's own CPU while it ran the load (psutil, in each of its processes), and
+        # the web processes' when they are given: both share the machine's cores.
+        "generator_cpu_s": round(generator_cpu, 2),
+        "generator_cores": round(generator_cpu / elapsed, 3),
+        "generator_cpu_ms_per_request": round(1000 * generator_cpu / requests, 3)
+        if requests
+        else None,
+        "server_cpu_s": round(server_cpu, 2) if watched else None,
+        "server_cores": round(server_cpu / elapsed, 3) if watched else None,
+        "load_average": load_average,
     }
+
+
+def _cpu_of(processes: list[psutil.Process]) -> float:
+    """User and system CPU seconds of ``processes`` so far (0 for one that has gone)."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def live_stack(tier: str, agents: int, processes: int = 2):
@@ -311,6 +466,12 @@ def live_stack(tier: str, agents: int, processes: int = 2):
     return stack
 
 
+def web_processes(stack) -> list[psutil.Process]:
+    """The stack's web service: gunicorn's master and its workers."""
+    master = psutil.Process(stack.group.children["web"].pid)
+    return [master, *master.children(recursive=True)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.loadgen",
@@ -324,7 +485,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=50)
     parser.add_argument("--stages", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=30)
-    parser.add_argument("--processes", type=int, default=2, help="generator processes")
+    parser.add_argument(
+        "--processes", type=int, default=0,
+        help=f"generator processes (default: one per {AGENTS_PER_PROCESS} agents, at least 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--client", choices=CLIENTS, default="aiohttp",
+        help="the simulated agents' HTTP client: aiohttp (default; a third of httpx's CPU a "
+        "request) or httpx (the real agent's)",
+    )  # fmt: skip
     parser.add_argument(
         "--batch-seconds",
         type=int,
@@ -354,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     stack = None
     url, token = args.url, args.api_token
     if url is None:
+        # The web workers inherit this limit: every agent's two connections may land on one.
+        raise_open_file_limit(2 * args.agents + 256)
         stack = live_stack(args.web_tier, args.agents)
         stack.start()
         url, token = stack.url, stack.create_user("load-operator", role="operator")["token"]
@@ -369,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             batch_seconds=args.batch_seconds,
             shape=args.shape,
             long_poll_wait=args.long_poll_wait,
+            client=args.client,
+            server_processes=(lambda: web_processes(stack)) if stack is not None else None,
         )
         figures["web_tier"] = args.web_tier if stack is not None else "given by --url"
         if stack is not None:

@@ -10,6 +10,10 @@ import os
 from webapp.env import envint
 from webapp.metrics import multiprocess
 from webapp.settings import VAR_DIR
+from webapp.stack.limits import raise_open_file_limit
+
+# Below this many open files a web worker could not hold 2,000 agents' connections.
+MIN_OPEN_FILES = 8192
 
 bind = os.getenv("INTUNE_BIND", "127.0.0.1:8000")
 workers = envint("WEB_CONCURRENCY", 2)
@@ -34,8 +38,19 @@ control_socket_disable = True
 def on_starting(server) -> None:
     """Once, in the master, before the first worker: every worker counts its Prometheus metrics
     in files of one shared directory, emptied here, and a scrape answered by any worker adds
-    them all up (docs/monitoring.md)."""
+    them all up (docs/monitoring.md). The open-file limit is raised to the hard limit here, so
+    that every worker inherits it: a worker holds a descriptor per agent's held long-poll and
+    another per agent's keep-alive connection (webapp/stack/limits.py)."""
     multiprocess.prepare(VAR_DIR)
+    limit = raise_open_file_limit()
+    if limit < MIN_OPEN_FILES:
+        server.log.warning(
+            "the open-file limit is %d: a web worker holds about two per agent, so more than "
+            "%d agents on one worker would fail; raise the hard limit (LimitNOFILE=, "
+            "docker's --ulimit nofile=)",
+            limit,
+            limit // 2,
+        )
 
 
 child_exit = multiprocess.child_exit
