@@ -9,9 +9,11 @@ aside) on its thread pool, on DATABASE_URL's PostgreSQL: each burst is ``--agent
 samples x 8 stages and as many long-poll re-arms (``after`` the host's version, held 0.05 s, then
 204), all at once. Measured per burst: this process's CPU (its pool's threads included) and the
 CPU of the PostgreSQL backends of this database (psutil; the server must run on this machine), per
-request. Variants, alternated round by round (ABAB): ``rearm-django`` re-arms through Django's view
-(as before webapp/jobs/api/lean.py), ``rearm-lean`` by the lean path (shipped). CPU time, not wall
-time: it holds on a loaded machine. Prints a JSON object; medians of rounds.
+request. Variants, alternated round by round (ABC CBA): ``before``, re-arms through Django's view
+(as before webapp/jobs/api/lean.py) and batches stored in a transaction (``store_batch``);
+``rearm-lean``, re-arms by the lean path; ``shipped``, that and the usual batch stored by one
+statement that is its own transaction (``store_usual_batch``). CPU time, not wall time: it
+holds on a loaded machine. Prints a JSON object; medians of rounds.
 """
 
 import argparse
@@ -82,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=6, help="rounds of each variant")
     parser.add_argument("--threads", type=int, default=8, help="the web process's pool")
+    parser.add_argument(
+        "--samples", type=int, default=5, help="samples a batch (1: a request per sample)"
+    )
+    parser.add_argument("--no-rearm", action="store_true", help="batches only, no re-arms")
     args = parser.parse_args(argv)
 
     setup_django(Path(tempfile.mkdtemp(prefix="intune-burst-bench-")))
@@ -89,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.contrib.auth.models import User
 
     from webapp.agent_asgi import AgentFront
+    from webapp.ingestion import services
     from webapp.jobs.api import lean as lean_allocation
     from webapp.jobs.services import register_host, register_job
 
@@ -104,14 +111,20 @@ def main(argv: list[str] | None = None) -> int:
         host, token = register_host(
             job=job, user=user, name=f"h{i}", cpus=8, memory_mb=16384, worker_budget=None
         )
-        hosts.append((host.pk, token, batch_maker()))
+        hosts.append((host.pk, token, batch_maker(samples=args.samples)))
 
     async def django(scope, receive, send):
         raise AssertionError(f"not an agent's request: {scope['path']}")
 
     front = AgentFront(django, threads=args.threads)
     lean_poll = lean_allocation.LeanAllocationPoll()
-    variants = {"rearm-django": None, "rearm-lean": lean_poll}
+    one_statement = services.store_usual_batch
+    # (the re-arm's lean path, the batch's one-statement store) of each variant
+    variants = {
+        "before": (None, None),
+        "rearm-lean": (lean_poll, None),
+        "shipped": (lean_poll, one_statement),
+    }
     loop = asyncio.new_event_loop()
 
     async def burst() -> list[int]:
@@ -127,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             calls.append(
                 request(front, "POST", f"/api/v1/hosts/{host_id}/metrics/", token, b"", body)
             )
+            if args.no_rearm:
+                continue
             calls.append(
                 request(front, "GET", f"/api/v1/hosts/{host_id}/allocation/", token,
                         b"after=1&wait=0.05", b"")
@@ -136,15 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     loop.run_until_complete(burst())  # warm: connections, prepared statements, caches
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for round_ in range(args.rounds):
-        order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
+        order = list(variants) if round_ % 2 == 0 else list(reversed(list(variants)))
         for name in order:
-            front.lean_poll = variants[name]
+            front.lean_poll, store = variants[name]
+            services.store_usual_batch = store or (lambda host, batch: None)
             loop.run_until_complete(burst())  # each variant warms its own code path first
             pg0, cpu0, wall0 = backends_cpu(database), time.process_time(), time.perf_counter()
             statuses = loop.run_until_complete(burst())
             wall = time.perf_counter() - wall0
             cpu, pg = time.process_time() - cpu0, backends_cpu(database) - pg0
-            assert sorted(set(statuses)) == [200, 204], statuses
+            assert sorted(set(statuses)) == ([200] if args.no_rearm else [200, 204]), statuses
             requests = len(statuses)
             results[name].append(
                 {"web_ms": cpu / requests * 1000, "pg_ms": pg / requests * 1000, "wall_s": wall}
@@ -152,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     loop.run_until_complete(front.waker.stop())
     figures = {
         "agents": args.agents,
-        "requests_per_burst": 2 * args.agents,
+        "samples_per_batch": args.samples,
+        "requests_per_burst": len(hosts) * (1 if args.no_rearm else 2),
         "rounds": args.rounds,
         "load_average": [round(x, 2) for x in psutil.getloadavg()],
     }

@@ -9,7 +9,9 @@ statement that stores it (docs/benchmarks.md, "Ingestion CPU per batch").
 This path does only the usual case, with the same parts the view uses (the prepared token
 lookup ``webapp.permissions.host_by_token_hash``, ``webapp.ingestion.validation``,
 ``services.store_batch``, the agent rate limit, the Prometheus instruments), and answers exactly
-what Django would: the same body, status and headers. Anything else it hands back (returns None)
+what Django would: the same body, status and headers. The usual batch (none of it stored before,
+no allocation status to record) is stored by ``services.store_usual_batch``: the same rows, in
+one statement that is its own transaction. Anything else it hands back (returns None)
 for Django's view to answer: a missing or wrong token, another host's token, an invalid batch,
 a body too large, an unusual Content-Type or Accept, a rate limit reached, a sequence number
 reused, a value the database refuses. Those answers are then Django's own, the ones
@@ -203,7 +205,7 @@ class LeanBatchPost(LeanAgentRequest):
         if not AgentRateThrottle().allow_request(SimpleNamespace(auth=host), None):
             raise Fallback
         try:
-            return services.store_batch(host, batch)
+            return services.store_usual_batch(host, batch) or services.store_batch(host, batch)
         except services.SequenceConflict:
             raise Fallback from None
 
