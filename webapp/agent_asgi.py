@@ -33,6 +33,7 @@ from django.core.handlers.wsgi import WSGIHandler
 
 from webapp.env import envint
 from webapp.ingestion.api import lean
+from webapp.jobs.api import lean as lean_allocation
 from webapp.jobs.api.allocation import HOLD_KEY, render_newer_allocation
 from webapp.metrics.instruments import held_long_poll
 
@@ -177,6 +178,8 @@ class AgentFront:
         self.waker = AllocationWaker()
         self.max_body = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 2_621_440
         self.lean_post = lean.LeanBatchPost() if lean.enabled() else None
+        # The usual re-arm of an allocation long-poll, without Django (webapp/jobs/api/lean.py).
+        self.lean_poll = lean_allocation.LeanAllocationPoll() if lean.enabled() else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -245,26 +248,44 @@ class AgentFront:
             if not message.get("more_body"):
                 break
         data = b"".join(body)
+        loop = asyncio.get_running_loop()
         if (
             self.lean_post
             and endpoint == "metrics"
             and scope["method"] == "POST"
             and size == len(data)
         ):
-            answer = await asyncio.get_running_loop().run_in_executor(
-                self.pool, self._lean, scope, host_id, data
+            answer = await loop.run_in_executor(
+                self.pool, self._lean, self.lean_post, scope, host_id, data
             )
             if answer is not None:
                 await self._send(send, *answer)
                 return
+        # Registered before the version is read (here or by the view): a version published
+        # after that read wakes this future, so none is missed between the read and the wait.
+        future = self.waker.register(host_id) if scope["method"] == "GET" else None
+        if future is not None and self.lean_poll and endpoint == "allocation":
+            try:
+                held = await loop.run_in_executor(
+                    self.pool, self._lean, self.lean_poll, scope, host_id, data
+                )
+                if held is not None:
+                    with held_long_poll():
+                        after, wait = held
+                        await self._hold(
+                            send,
+                            host_id,
+                            {"host_id": host_id, "after": after, "wait": wait},
+                            future,
+                        )
+                    return
+            except BaseException:
+                self.waker.discard(host_id, future)
+                raise
         environ = wsgi_environ(scope, data)
         if size != len(data):
             environ["CONTENT_LENGTH"] = str(size)
         hold = environ[HOLD_KEY] = {}
-        loop = asyncio.get_running_loop()
-        # Registered before the view reads the version: a version published after that read
-        # wakes this future, so none is missed between the read and the wait.
-        future = self.waker.register(host_id) if scope["method"] == "GET" else None
         try:
             status, headers, content = await loop.run_in_executor(self.pool, self._run, environ)
             if not hold:
@@ -301,15 +322,17 @@ class AgentFront:
         self.waker.discard(host_id, future)
         await self._respond(send, 204, b"", None)
 
-    def _lean(self, scope: dict, host_id: int, data: bytes) -> tuple[int, list, bytes] | None:
-        """A metrics batch by the lean path (webapp/ingestion/api/lean.py); None: Django's."""
+    @staticmethod
+    def _lean(path, scope: dict, host_id: int, data: bytes):
+        """A request by a lean path (webapp/ingestion/api/lean.py, webapp/jobs/api/lean.py);
+        None: Django's."""
         headers = {}
         for name, value in scope.get("headers", ()):
             name = name.lower()
             if name in headers:
                 return None  # a header given twice: as Django joins them, its view decides
             headers[name] = value
-        return self.lean_post(
+        return path(
             host_id, scope.get("scheme", "http"), headers, scope.get("query_string", b""), data
         )
 

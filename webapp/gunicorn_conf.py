@@ -24,6 +24,9 @@ limit_request_field_size = 8190
 # Threads per process for Django's work (agents' batches, the allocation view's checks): held
 # long-polls take none, so a few suffice; each borrows a database connection while it works.
 threads = envint("INTUNE_WEB_THREADS", 8)
+# Each thread's connection opened when the process starts (webapp/settings.py says why); the
+# workers read the settings after this file, so the environment carries it to them.
+os.environ.setdefault("INTUNE_DB_POOL_MIN_SIZE", str(threads))
 timeout = 120
 graceful_timeout = 10
 keepalive = 30

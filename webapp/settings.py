@@ -85,7 +85,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # restart the pooled ones are dead, and the first request must not be the one to find out.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": 1,
+        # The pool grows one connection at a time. In an in-step run on a loaded machine (load
+        # 29 on 2 cores) 2 batches of 2,400 waited out the timeout below and were answered 503
+        # ("couldn't get a connection after 3.00 sec"), most likely queued on that growth while
+        # a burst met a process holding one connection. Web processes open a connection per
+        # thread up front (webapp/gunicorn_conf.py sets this); others keep one.
+        "min_size": min(envint("INTUNE_DB_POOL_MIN_SIZE", 1), envint("INTUNE_DB_POOL_SIZE", 16)),
         "max_size": envint("INTUNE_DB_POOL_SIZE", 16),
         # How long a request waits for a connection: short, so that while PostgreSQL is down
         # requests fail fast with a 503 instead of hanging.

@@ -18,8 +18,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DataError, connection
 from django.db.models import Model
+
+# SQLSTATE of BatchInsertPostgres's whole-batch check (division_by_zero).
+DIVISION_BY_ZERO = "22012"
 
 
 @contextmanager
@@ -149,8 +152,21 @@ class BatchInsertPostgres:
             f"{q('last_seq')} = GREATEST({q('last_seq')}, %(max_seq)s::bigint), "
             f"{q('applied_version')} = GREATEST({q('applied_version')}, %(applied)s::integer), "
             f"{q('dropped_samples')} = {q('dropped_samples')} + %(dropped)s::bigint "
-            f"WHERE {q('id')} = %(host)s) "
+            f"WHERE {q('id')} = %(host)s{{guard}}) "
             f"SELECT {q('id')}, {q('seq')} FROM new"
+        )
+        self.sql, self.sql_whole = (
+            self.sql.format(guard=""),
+            # All or nothing without a transaction around it: a statement is atomic, and this
+            # one fails (division by zero, SQLSTATE 22012) when the database skipped any sample
+            # (stored before, perhaps by a copy racing this one), so that nothing of the batch
+            # is stored and the caller can tell a resend from a reuse in a transaction. The
+            # check sits in the host's UPDATE because a data-modifying statement always runs to
+            # its end (a plain SELECT over no sample would not evaluate it).
+            self.sql.format(
+                guard=" AND 1 / (CASE WHEN (SELECT count(*) FROM new) = %(count)s::bigint "
+                "THEN 1 ELSE 0 END) = 1"
+            ),
         )
 
     def run(
@@ -162,8 +178,13 @@ class BatchInsertPostgres:
         status: str,
         applied_version: int | None,
         dropped: int,
+        whole: bool = False,
     ) -> list[tuple]:
-        """Store validated ``samples`` (each with its ``stages``) of one host and update it."""
+        """Store validated ``samples`` (each with its ``stages``) of one host and update it.
+
+        ``whole``: every sample or none (the statement fails with ``WholeBatchRefused`` when
+        one was stored before); for a statement run on its own, outside a transaction."""
+        sql = self.sql_whole if whole else self.sql
         params = {
             "samples": json.dumps(samples, separators=(",", ":"), allow_nan=False),
             "host": host_id,
@@ -172,11 +193,21 @@ class BatchInsertPostgres:
             "max_seq": max((s["seq"] for s in samples), default=None),
             "applied": applied_version,
             "dropped": dropped,
+            "count": len(samples),
         }
-        if prepare():  # planned once per connection: the statement is long and always the same
-            with prepared_cursor() as cursor:
-                cursor.execute(self.sql, params, prepare=True)
+        try:
+            if prepare():  # planned once per connection: the statement is long, always the same
+                with prepared_cursor() as cursor:
+                    cursor.execute(sql, params, prepare=True)
+                    return cursor.fetchall()
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
                 return cursor.fetchall()
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, params)
-            return cursor.fetchall()
+        except DataError as exc:
+            if whole and getattr(exc.__cause__, "sqlstate", None) == DIVISION_BY_ZERO:
+                raise WholeBatchRefused from exc
+            raise
+
+
+class WholeBatchRefused(Exception):
+    """``BatchInsertPostgres.run(whole=True)`` stored nothing: a sample was stored before."""

@@ -9,7 +9,9 @@ statement that stores it (docs/benchmarks.md, "Ingestion CPU per batch").
 This path does only the usual case, with the same parts the view uses (the prepared token
 lookup ``webapp.permissions.host_by_token_hash``, ``webapp.ingestion.validation``,
 ``services.store_batch``, the agent rate limit, the Prometheus instruments), and answers exactly
-what Django would: the same body, status and headers. Anything else it hands back (returns None)
+what Django would: the same body, status and headers. The usual batch (none of it stored before,
+no allocation status to record) is stored by ``services.store_usual_batch``: the same rows, in
+one statement that is its own transaction. Anything else it hands back (returns None)
 for Django's view to answer: a missing or wrong token, another host's token, an invalid batch,
 a body too large, an unusual Content-Type or Accept, a rate limit reached, a sequence number
 reused, a value the database refuses. Those answers are then Django's own, the ones
@@ -81,8 +83,11 @@ def enabled() -> bool:
     return settings.INTUNE_LEAN_INGESTION and tuple(settings.MIDDLEWARE) == EXPECTED_MIDDLEWARE
 
 
-class LeanBatchPost:
-    """``POST /api/v1/hosts/{id}/metrics/`` for the usual case; see the module's docstring."""
+class LeanAgentRequest:
+    """What every lean agent endpoint checks as Django's middleware would (the host header, the
+    HTTPS redirect, the Accept header, the form of ``Authorization: Agent <token>``) and the
+    headers it answers with. ``LeanBatchPost`` here and ``webapp.jobs.api.lean.LeanAllocationPoll``
+    build on it."""
 
     def __init__(self) -> None:
         self._hosts: dict[bytes, bool] = {}
@@ -93,6 +98,48 @@ class LeanBatchPost:
             if proxy
             else None
         )
+
+    def agent_token(self, scheme: str, headers: dict[bytes, bytes]) -> str | None:
+        """The agent token of a request the lean path may answer (its Accept, host, scheme and
+        ``Authorization: Agent <token>`` as Django's handler takes them without a word); None
+        when Django must answer."""
+        if (
+            headers.get(b"accept") not in JSON_ACCEPTS
+            or (settings.SECURE_SSL_REDIRECT and not self._is_secure(scheme, headers))
+            or not self._allowed_host(headers.get(b"host"))
+        ):
+            return None
+        authorization = (headers.get(b"authorization") or b"").split()
+        if len(authorization) != 2 or authorization[0].lower() != b"agent":
+            return None
+        return authorization[1].decode(errors="replace")
+
+    def _is_secure(self, scheme: str, headers: dict[bytes, bytes]) -> bool:
+        # HttpRequest.is_secure(): the proxy's header when one is configured, else the scheme.
+        if self._proxy_header is not None:
+            value = headers.get(self._proxy_header[0])
+            if value is not None:
+                return value.decode("latin-1").split(",", 1)[0].strip() == self._proxy_header[1]
+        return scheme == "https"
+
+    def _allowed_host(self, host: bytes | None) -> bool:
+        """HttpRequest.get_host()'s check (CommonMiddleware makes it on every request)."""
+        if host is None or settings.USE_X_FORWARDED_HOST:
+            return False
+        allowed = self._hosts.get(host)
+        if allowed is None:
+            domain, _ = split_domain_port(host.decode("latin-1"))
+            patterns = settings.ALLOWED_HOSTS
+            if settings.DEBUG and not patterns:
+                patterns = [".localhost", "127.0.0.1", "[::1]"]
+            allowed = bool(domain) and validate_host(domain, patterns)
+            if len(self._hosts) < 1000:
+                self._hosts[host] = allowed
+        return allowed
+
+
+class LeanBatchPost(LeanAgentRequest):
+    """``POST /api/v1/hosts/{id}/metrics/`` for the usual case; see the module's docstring."""
 
     def __call__(
         self, host_id: int, scheme: str, headers: dict[bytes, bytes], query: bytes, body: bytes
@@ -106,21 +153,17 @@ class LeanBatchPost:
         if (
             query
             or headers.get(b"content-type") not in JSON_TYPES
-            or headers.get(b"accept") not in JSON_ACCEPTS
             or len(body) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-            or (settings.SECURE_SSL_REDIRECT and not secure)
-            or not self._allowed_host(headers.get(b"host"))
         ):
             return None
-        authorization = (headers.get(b"authorization") or b"").split()
-        if len(authorization) != 2 or authorization[0].lower() != b"agent":
+        token = self.agent_token(scheme, headers)
+        if token is None:
             return None
         try:
             # DRF's parser: UTF-8 strictly, NaN and the infinities refused.
             data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
         except (ValueError, RecursionError):
             return None
-        token = authorization[1].decode(errors="replace")
         # This thread keeps its database connection from one batch to the next (Django's
         # handler gives it back to the pool after every request, and the pool checks it with a
         # round trip of its own before lending it again). A kept connection that fails (the
@@ -162,7 +205,7 @@ class LeanBatchPost:
         if not AgentRateThrottle().allow_request(SimpleNamespace(auth=host), None):
             raise Fallback
         try:
-            return services.store_batch(host, batch)
+            return services.store_usual_batch(host, batch) or services.store_batch(host, batch)
         except services.SequenceConflict:
             raise Fallback from None
 
@@ -183,29 +226,6 @@ class LeanBatchPost:
         if security is None:
             security = self._security[secure] = _middleware_headers(secure)
         return [*VIEW_HEADERS, ("Content-Length", str(len(content))), *security]
-
-    def _is_secure(self, scheme: str, headers: dict[bytes, bytes]) -> bool:
-        # HttpRequest.is_secure(): the proxy's header when one is configured, else the scheme.
-        if self._proxy_header is not None:
-            value = headers.get(self._proxy_header[0])
-            if value is not None:
-                return value.decode("latin-1").split(",", 1)[0].strip() == self._proxy_header[1]
-        return scheme == "https"
-
-    def _allowed_host(self, host: bytes | None) -> bool:
-        """HttpRequest.get_host()'s check (CommonMiddleware makes it on every request)."""
-        if host is None or settings.USE_X_FORWARDED_HOST:
-            return False
-        allowed = self._hosts.get(host)
-        if allowed is None:
-            domain, _ = split_domain_port(host.decode("latin-1"))
-            patterns = settings.ALLOWED_HOSTS
-            if settings.DEBUG and not patterns:
-                patterns = [".localhost", "127.0.0.1", "[::1]"]
-            allowed = bool(domain) and validate_host(domain, patterns)
-            if len(self._hosts) < 1000:
-                self._hosts[host] = allowed
-        return allowed
 
 
 def _refuse_constant(name: str):

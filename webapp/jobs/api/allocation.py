@@ -1,3 +1,5 @@
+import re
+
 from django.conf import settings
 from django.db import close_old_connections, connection
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -55,9 +57,9 @@ class HostAllocationView(APIView):
     )
     def get(self, request, host_id: int):
         host: Host = request.auth
-        after = self._int_param(request, "after", 0, 0, MAX_VERSION)
+        after = _int_param(request.query_params.get("after"), "after", 0, 0, MAX_VERSION)
         max_wait = settings.INTUNE["LONG_POLL_MAX_WAIT_S"]
-        wait = self._float_param(request, "wait", 0.0, 0.0, max_wait)
+        wait = _float_param(request.query_params.get("wait"), "wait", 0.0, 0.0, max_wait)
 
         version = Host.objects.filter(pk=host.pk).values_list("allocation_version", flat=True)
         version = version.first() or 0
@@ -90,32 +92,51 @@ class HostAllocationView(APIView):
         allocation = latest_allocation(host)
         return Response(AllocationSerializer(allocation).data)
 
-    @staticmethod
-    def _int_param(request, name, default, low, high) -> int:
-        raw = request.query_params.get(name)
-        if raw is None:
-            return default
-        # ASCII digits only: str.isdigit() is also true of "²", which int() refuses.
-        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-            raise ValidationError(
-                {name: f"must be an integer between {low} and {high}, got {raw!r}"}
-            )
-        return int(raw)
 
-    @staticmethod
-    def _float_param(request, name, default, low, high) -> float:
-        raw = request.query_params.get(name)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError as exc:
-            raise ValidationError({name: f"must be a number of seconds, got {raw!r}"}) from exc
-        if not low <= value <= high:
-            raise ValidationError(
-                {name: f"must be between {low:g} and {high:g} seconds, got {raw}"}
-            )
-        return value
+def _int_param(raw: str | None, name: str, default: int, low: int, high: int) -> int:
+    if raw is None:
+        return default
+    # ASCII digits only: str.isdigit() is also true of "²", which int() refuses.
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise ValidationError({name: f"must be an integer between {low} and {high}, got {raw!r}"})
+    return int(raw)
+
+
+def _float_param(raw: str | None, name: str, default: float, low: float, high: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValidationError({name: f"must be a number of seconds, got {raw!r}"}) from exc
+    if not low <= value <= high:
+        raise ValidationError({name: f"must be between {low:g} and {high:g} seconds, got {raw}"})
+    return value
+
+
+# A query string of ``after`` and ``wait`` written plainly (digits, a decimal point), each at
+# most once: what the lean path (webapp/jobs/api/lean.py) reads itself. Any other (escapes,
+# other names, repeats) is Django's QueryDict's to read.
+_PLAIN_PARAM = re.compile(rb"^(after|wait)=([0-9]+(?:\.[0-9]*)?)$")
+
+
+def after_and_wait(query: bytes) -> tuple[int, float] | None:
+    """``(after, wait)`` of a long-poll's query string, read by the view's own rules; None when
+    the string is not plainly written or the view would refuse a value (its 400 answers it)."""
+    values: dict[bytes, str] = {}
+    for part in query.split(b"&") if query else ():
+        match = _PLAIN_PARAM.match(part)
+        if match is None or match.group(1) in values:
+            return None
+        values[match.group(1)] = match.group(2).decode("ascii")
+    try:
+        after = _int_param(values.get(b"after"), "after", 0, 0, MAX_VERSION)
+        wait = _float_param(
+            values.get(b"wait"), "wait", 0.0, 0.0, settings.INTUNE["LONG_POLL_MAX_WAIT_S"]
+        )
+    except ValidationError:
+        return None
+    return after, wait
 
 
 def render_newer_allocation(host_id: int, after: int) -> bytes | None:
