@@ -273,6 +273,7 @@ class AgentFront:
                     with held_long_poll():
                         after, wait = held
                         await self._hold(
+                            receive,
                             send,
                             host_id,
                             {"host_id": host_id, "after": after, "wait": wait},
@@ -292,35 +293,48 @@ class AgentFront:
                 await self._send(send, status, headers, content)
                 return
             with held_long_poll():
-                await self._hold(send, host_id, hold, future)
+                await self._hold(receive, send, host_id, hold, future)
         finally:
             if future is not None:
                 self.waker.discard(host_id, future)
 
-    async def _hold(self, send, host_id: int, hold: dict, future: asyncio.Future) -> None:
+    async def _hold(self, receive, send, host_id: int, hold: dict, future: asyncio.Future) -> None:
+        """Hold the long-poll until a newer allocation, its wait, shutdown, or its client
+        going away: the request's body is read, so the server's next message is the
+        disconnect, and a poll whose agent timed out (and re-armed) is let go at once
+        rather than held, and counted, to the end of its wait."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + hold["wait"]
         connected = self.waker.connected
-        while not self.waker.closing:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            if not connected:
-                remaining = min(remaining, DEGRADED_RECHECK_S)
-            await asyncio.wait({future}, timeout=remaining)
-            if self.waker.closing:
-                break
+        gone = asyncio.ensure_future(receive())
+        try:
+            while not self.waker.closing:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                if not connected:
+                    remaining = min(remaining, DEGRADED_RECHECK_S)
+                await asyncio.wait({future, gone}, timeout=remaining, return_when="FIRST_COMPLETED")
+                if gone.done():
+                    if gone.result().get("type") == "http.disconnect":
+                        self.waker.discard(host_id, future)
+                        return
+                    gone = asyncio.ensure_future(receive())
+                if self.waker.closing:
+                    break
+                self.waker.discard(host_id, future)
+                future = self.waker.register(host_id)
+                connected = self.waker.connected
+                content = await loop.run_in_executor(
+                    self.pool, render_newer_allocation, hold["host_id"], hold["after"]
+                )
+                if content is not None:
+                    await self._respond(send, 200, content, b"application/json")
+                    return
             self.waker.discard(host_id, future)
-            future = self.waker.register(host_id)
-            connected = self.waker.connected
-            content = await loop.run_in_executor(
-                self.pool, render_newer_allocation, hold["host_id"], hold["after"]
-            )
-            if content is not None:
-                await self._respond(send, 200, content, b"application/json")
-                return
-        self.waker.discard(host_id, future)
-        await self._respond(send, 204, b"", None)
+            await self._respond(send, 204, b"", None)
+        finally:
+            gone.cancel()
 
     @staticmethod
     def _lean(path, scope: dict, host_id: int, data: bytes):

@@ -137,6 +137,62 @@ def test_held_long_polls_cost_no_thread_and_are_all_answered_by_one_publish(stac
     assert result["b_elapsed"] >= 7.5
 
 
+def held_count(stack, token: str) -> float:
+    scraped = httpx.get(
+        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    line = next(ln for ln in scraped.text.splitlines() if ln.startswith("intune_held_long_polls "))
+    return float(line.split()[1])
+
+
+def test_a_poll_whose_client_has_gone_is_let_go(stack):
+    """An agent that gives up on its long-poll (its timeout, a restart) closes the connection:
+    the server lets the poll go at once rather than holding it, and counting it, to the end of
+    its wait. Under overload agents time out and re-arm, and each dead poll held would be one
+    more held for every agent."""
+    operator = stack.create_user("gone-operator", role="operator")
+    _, host, token = stack.register_job_and_host(
+        operator["token"],
+        {"name": "gone", "stages": [{"name": "read"}], "tuner": "static",
+         "decision_interval_s": 5},
+        {"name": "gone-host", "cpus": 4, "memory_mb": 8192},
+    )  # fmt: skip
+    headers = {"Authorization": f"Agent {token}"}
+    current = httpx.get(f"{stack.url}/api/v1/hosts/{host}/allocation/", headers=headers, timeout=10)
+    after = current.json()["version"] if current.status_code == 200 else 0
+    before = held_count(stack, operator["token"])
+    polls = 20
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=stack.url, timeout=300) as client:
+            held = [
+                asyncio.create_task(client.get(f"/api/v1/hosts/{host}/allocation/",
+                                               params={"after": after, "wait": 55},
+                                               headers=headers))
+                for _ in range(polls)
+            ]  # fmt: skip
+            await asyncio.to_thread(
+                wait_until,
+                lambda: held_count(stack, operator["token"]) >= before + polls,
+                30,
+                interval=0.3,
+                what=f"{polls} more held long-polls in /metrics",
+            )
+            for task in held:
+                task.cancel()  # the client gives up: its connections are closed
+            await asyncio.gather(*held, return_exceptions=True)
+
+    asyncio.run(scenario())
+    gone_at = time.monotonic()
+    wait_until(
+        lambda: held_count(stack, operator["token"]) <= before,
+        15,
+        interval=0.3,
+        what="the polls of a client that has gone let go",
+    )
+    assert time.monotonic() - gone_at < 15
+
+
 def test_a_stopping_worker_answers_its_held_polls_at_once(stack):
     """SIGTERM to the web worker (gunicorn replacing it, or the service stopping): its held
     long-polls answer 204 at once instead of holding the worker for their whole wait, and the
