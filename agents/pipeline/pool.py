@@ -17,6 +17,7 @@ import os
 import queue
 import select
 import signal
+import struct
 import threading
 import time
 from collections import deque
@@ -48,6 +49,11 @@ from agents.pipeline.worker import (
 from agents.pipeline.zygote import LauncherGone, Zygote
 
 log = logging.getLogger("agents.pipeline")
+
+# multiprocessing.Connection's framing of a message: its size, or -1 and a 64-bit size.
+_SIZE = struct.Struct("!i")
+_LARGE_SIZE = struct.Struct("!Q")
+_READ_CHUNK = 1 << 20
 
 # Items a process worker holds at once: the one it works on and the next, already in its pipe.
 DEPTH = 2
@@ -339,8 +345,10 @@ class StagePool:
         stopping = False
         try:
             while True:
-                header = worker.results.recv_bytes()
-                body = worker.results.recv_bytes()
+                header = self._receive(worker)
+                body = self._receive(worker) if header is not None else None
+                if body is None:
+                    break  # the worker's process exited
                 seq, _ = HEADER.unpack(header)
                 with worker.cv:
                     for k, (held, _) in enumerate(worker.outstanding):
@@ -364,6 +372,51 @@ class StagePool:
         if self.stop_flag.is_set() or (worker.retire.is_set() and not lost):
             return
         self._recover(worker, lost)
+
+    @classmethod
+    def _receive(cls, worker: WorkerHandle) -> bytes | None:
+        """One message from the worker's result pipe (``Connection.send_bytes``' framing), or
+        ``None`` once the worker's process has exited and the pipe holds no more of it.
+
+        End-of-file alone does not tell that a worker died: a process the stage's function
+        forked (a ``multiprocessing`` helper, a ``Manager``, a bare ``os.fork``) holds the
+        pipe's write end too, and outlives a worker killed by the OOM killer. A relay blocked
+        in ``recv_bytes`` then never saw the death (nor, for a worker killed halfway through
+        writing an answer, the rest of it), and the items the worker held never went to
+        another worker: the consumer waited forever. So the relay reads only what the pipe
+        has, and watches the process itself (its pidfd) between reads, every ``POLL_S``."""
+        head = cls._receive_exactly(worker, 4)
+        if head is None:
+            return None
+        (size,) = _SIZE.unpack(head)
+        if size == -1:
+            head = cls._receive_exactly(worker, 8)
+            if head is None:
+                return None
+            (size,) = _LARGE_SIZE.unpack(head)
+        return cls._receive_exactly(worker, size)
+
+    @staticmethod
+    def _receive_exactly(worker: WorkerHandle, size: int) -> bytes | None:
+        """``size`` bytes of the result pipe; ``None`` if the worker's process exited first.
+        Raises ``EOFError`` at the pipe's end."""
+        fd = worker.results.fileno()
+        chunks: list[bytes] = []
+        while size > 0:
+            watch = [fd] if worker.pidfd is None else [fd, worker.pidfd]
+            ready, _, _ = select.select(watch, [], [], POLL_S)
+            if fd not in ready:
+                if not (worker.pidfd in ready or (worker.pidfd is None and worker.exited())):
+                    continue
+                # Exited: what it wrote before its death is still read and passed on.
+                if fd not in select.select([fd], [], [], 0)[0]:
+                    return None
+            chunk = os.read(fd, min(size, _READ_CHUNK))
+            if not chunk:
+                raise EOFError("the worker's result pipe ended")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
 
     def _recover(self, worker: WorkerHandle, lost: list[tuple[int, Any]]) -> None:
         """A process worker died: say how, and give what it held to the other workers."""

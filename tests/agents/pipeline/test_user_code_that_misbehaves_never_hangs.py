@@ -4,8 +4,11 @@ Each case consumes the pipeline in a thread joined with a bound, so a hang fails
 (with the case named) rather than stalling the suite.
 """
 
+import os
+import signal
 import sys
 import threading
+import time
 
 import pytest
 
@@ -98,3 +101,53 @@ def test_a_pipeline_looped_over_again_after_its_end_ends_at_once(kind):
     with Pipeline(range(6), [Stage("a", abs, kind=kind)]) as pipeline:
         received, errors = consume(pipeline, loops=3)
     assert received == list(range(6)) and not errors
+
+
+class ForksAHelper:
+    """A stage function that starts a helper process on its first item, as one that starts a
+    ``multiprocessing`` pool or a ``Manager`` does: the helper outlives the worker."""
+
+    def __init__(self, hold_path: str):
+        self.hold_path = hold_path
+        self.helper = None
+
+    def __call__(self, item):
+        if self.helper is None:
+            self.helper = os.fork()
+            if self.helper == 0:
+                try:
+                    end = time.monotonic() + 60
+                    while os.path.exists(self.hold_path) and time.monotonic() < end:
+                        time.sleep(0.05)
+                finally:
+                    os._exit(0)
+        time.sleep(0.01)
+        return item
+
+
+def test_a_worker_killed_while_its_helper_process_lives_on_is_replaced(tmp_path):
+    # The helper holds the worker's result pipe open: the pipe's end never comes, and the
+    # pipeline must see the death from the process itself.
+    hold = tmp_path / "helpers-live"
+    hold.touch()
+    stage = Stage("forks", ForksAHelper(str(hold)), kind="process", workers=2)
+    received: list = []
+    try:
+        with Pipeline(range(100), [stage], max_item_retries=5) as pipeline:
+
+            def run():
+                for item in pipeline:
+                    received.append(item)
+                    if len(received) == 10:
+                        for worker in pipeline._pools[0].active:
+                            worker.signal(signal.SIGKILL)
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            thread.join(BOUND_S)
+            assert not thread.is_alive(), f"the consumer hung for {BOUND_S} s"
+            # Both were killed holding items (1 s of work was left), which went elsewhere.
+            assert pipeline._pools[0].died >= 2
+    finally:
+        hold.unlink()
+    assert received == list(range(100))
