@@ -279,6 +279,7 @@ class StagePool:
             worker.ended = True
             return
         worker.pid, worker.pidfd = pid, pidfd
+        os.set_blocking(items_fd, False)  # see _send()
         worker.items = Connection(items_fd, readable=False)
         worker.results = Connection(results_fd, writable=False)
         try:
@@ -328,17 +329,42 @@ class StagePool:
                     break
                 worker.outstanding.append((seq, payload))
             try:
-                worker.items.send_bytes(HEADER.pack(seq, ITEM))
-                worker.items.send_bytes(body)
+                if not (self._send(worker, HEADER.pack(seq, ITEM)) and self._send(worker, body)):
+                    break  # it died: its reader puts what it held back in the inbox
             except (OSError, TypeError, ValueError):
                 # It died: its reader puts what it held back in the inbox. (TypeError and
                 # ValueError: its pipe was closed under this send once it was found dead.)
                 break
         if not worker.ended:
             try:
-                worker.items.send_bytes(HEADER.pack(-1, RETIRE))
+                self._send(worker, HEADER.pack(-1, RETIRE))
             except (OSError, TypeError, ValueError):
                 pass
+
+    @staticmethod
+    def _send(worker: WorkerHandle, data: bytes) -> bool:
+        """Write one message (``Connection.send_bytes``' framing) to the worker's item pipe;
+        ``False`` if the worker ended before it all went.
+
+        The pipe is non-blocking, and a full one is waited on ``POLL_S`` at a time: a worker
+        killed while a process its function forked lives on leaves the pipe's read end open
+        in that process, and a blocking write then never returned (the relay stayed, and a
+        layout change waiting for its group to empty was refused for good)."""
+        fd = worker.items.fileno()
+        size = len(data)
+        head = _SIZE.pack(size) if size <= 0x7FFFFFFF else _SIZE.pack(-1) + _LARGE_SIZE.pack(size)
+        for piece in (head, data):
+            view = memoryview(piece).cast("B")
+            while view:
+                try:
+                    view = view[os.write(fd, view) :]
+                    continue
+                except BlockingIOError:
+                    pass
+                if worker.ended:
+                    return False
+                select.select([], [fd], [], POLL_S)
+        return True
 
     def _read(self, worker: WorkerHandle) -> None:
         """Pass one process worker's answers to the next inbox until its pipe ends."""

@@ -151,3 +151,37 @@ def test_a_worker_killed_while_its_helper_process_lives_on_is_replaced(tmp_path)
     finally:
         hold.unlink()
     assert received == list(range(100))
+
+
+class SlowForkerOfLargeItems(ForksAHelper):
+    def __call__(self, item):
+        super().__call__(item)
+        time.sleep(0.3)  # the next item waits in the pipe, which it fills
+        return item[0]
+
+
+def test_the_relay_feeding_a_killed_worker_with_a_live_helper_ends(tmp_path):
+    # The helper also holds the item pipe's read end: a write to the dead worker's full pipe
+    # would never return, and its relay would stay for good.
+    hold = tmp_path / "helpers-live"
+    hold.touch()
+    forker = SlowForkerOfLargeItems(str(hold))
+    # Through the pipe, not shared memory: the second item fills the pipe while the worker
+    # is busy with the first.
+    stage = Stage("forks", forker, kind="process", workers=1, shared_memory=False)
+    items = [(i, bytes(400_000)) for i in range(6)]
+    try:
+        with Pipeline(items, [stage], max_item_retries=5, queue_size=2) as pipeline:
+            iterator = iter(pipeline)
+            received = [next(iterator)]
+            pool = pipeline._pools[0]
+            killed = pool.active[0]
+            killed.signal(signal.SIGKILL)
+            received += list(iterator)
+            deadline = time.monotonic() + 5.0
+            while any(r.is_alive() for r in killed.relays) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not any(r.is_alive() for r in killed.relays), "a relay of the dead worker stayed"
+    finally:
+        hold.unlink()
+    assert received == list(range(6))
