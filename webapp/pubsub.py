@@ -13,6 +13,12 @@ log = logging.getLogger(__name__)
 _pool_lock = threading.Lock()
 _pool: redis.ConnectionPool | None = None
 
+# How long one Redis command may take. Redis answers in milliseconds; a server that accepted
+# the connection and then stalls (paused, swapping, a network that drops its packets) held a
+# request thread in publish() or ping() without a bound. A pub/sub wait passes its own
+# timeout, which this does not shorten.
+SOCKET_TIMEOUT_S = 2.0
+
 
 def client() -> redis.Redis:
     """A client on this process's shared connection pool."""
@@ -20,7 +26,10 @@ def client() -> redis.Redis:
     with _pool_lock:
         if _pool is None:
             _pool = redis.ConnectionPool.from_url(
-                settings.REDIS_CLIENT_URL, socket_connect_timeout=2, health_check_interval=30
+                settings.REDIS_CLIENT_URL,
+                socket_connect_timeout=2,
+                socket_timeout=SOCKET_TIMEOUT_S,
+                health_check_interval=30,
             )
     return redis.Redis(connection_pool=_pool)
 

@@ -121,6 +121,7 @@ class Pipeline:
         self._context = multiprocessing.get_context("fork" if hasattr(os, "fork") else None)
         self._targets = {s.name: s.workers for s in self.stages}
         self._lock = threading.RLock()
+        self._stop_lock = threading.Lock()  # one stop() at a time, to its end
         self._started = False
         self._stopped = False
         self._pools: list[StagePool] = []
@@ -215,19 +216,23 @@ class Pipeline:
         doing; a thread worker stuck in the stage's function is left running (a thread
         cannot be killed) and named in a warning.
         """
-        with self._lock:
-            if not self._started or self._stopped:
+        with self._stop_lock:
+            with self._lock:
+                if not self._started or self._stopped:
+                    self._stopped = True
+                    return
                 self._stopped = True
-                return
-            self._stopped = True
-            self._stop.set()
-            deadline = time.monotonic() + self.stop_timeout_s
-            draining = [p.inbox for pools in self._draining for p in pools[1:]]
-            for inbox in [*self._inboxes, *draining, self._ready]:
-                inbox.close()
-            stuck = []
-            for pool in self._all_pools:
-                stuck += pool.shutdown(deadline)
+                self._stop.set()
+                deadline = time.monotonic() + self.stop_timeout_s
+                draining = [p.inbox for pools in self._draining for p in pools[1:]]
+                for inbox in [*self._inboxes, *draining, self._ready]:
+                    inbox.close()
+                stuck = []
+                for pool in self._all_pools:
+                    stuck += pool.shutdown(deadline)
+            # Joined without the lock: the monitor takes it to look at the pools, and waited
+            # for it here until the join gave up (0.5 s lost, and the monitor named as a
+            # thread stuck in user code).
             for thread in self._threads:
                 thread.join(max(0.0, min(0.5, deadline - time.monotonic())))
             stuck += [t.name for t in self._threads if t.is_alive()]

@@ -17,6 +17,7 @@ import os
 import queue
 import select
 import signal
+import struct
 import threading
 import time
 from collections import deque
@@ -48,6 +49,11 @@ from agents.pipeline.worker import (
 from agents.pipeline.zygote import LauncherGone, Zygote
 
 log = logging.getLogger("agents.pipeline")
+
+# multiprocessing.Connection's framing of a message: its size, or -1 and a 64-bit size.
+_SIZE = struct.Struct("!i")
+_LARGE_SIZE = struct.Struct("!Q")
+_READ_CHUNK = 1 << 20
 
 # Items a process worker holds at once: the one it works on and the next, already in its pipe.
 DEPTH = 2
@@ -273,6 +279,7 @@ class StagePool:
             worker.ended = True
             return
         worker.pid, worker.pidfd = pid, pidfd
+        os.set_blocking(items_fd, False)  # see _send()
         worker.items = Connection(items_fd, readable=False)
         worker.results = Connection(results_fd, writable=False)
         try:
@@ -322,25 +329,52 @@ class StagePool:
                     break
                 worker.outstanding.append((seq, payload))
             try:
-                worker.items.send_bytes(HEADER.pack(seq, ITEM))
-                worker.items.send_bytes(body)
+                if not (self._send(worker, HEADER.pack(seq, ITEM)) and self._send(worker, body)):
+                    break  # it died: its reader puts what it held back in the inbox
             except (OSError, TypeError, ValueError):
                 # It died: its reader puts what it held back in the inbox. (TypeError and
                 # ValueError: its pipe was closed under this send once it was found dead.)
                 break
         if not worker.ended:
             try:
-                worker.items.send_bytes(HEADER.pack(-1, RETIRE))
+                self._send(worker, HEADER.pack(-1, RETIRE))
             except (OSError, TypeError, ValueError):
                 pass
+
+    @staticmethod
+    def _send(worker: WorkerHandle, data: bytes) -> bool:
+        """Write one message (``Connection.send_bytes``' framing) to the worker's item pipe;
+        ``False`` if the worker ended before it all went.
+
+        The pipe is non-blocking, and a full one is waited on ``POLL_S`` at a time: a worker
+        killed while a process its function forked lives on leaves the pipe's read end open
+        in that process, and a blocking write then never returned (the relay stayed, and a
+        layout change waiting for its group to empty was refused for good)."""
+        fd = worker.items.fileno()
+        size = len(data)
+        head = _SIZE.pack(size) if size <= 0x7FFFFFFF else _SIZE.pack(-1) + _LARGE_SIZE.pack(size)
+        for piece in (head, data):
+            view = memoryview(piece).cast("B")
+            while view:
+                try:
+                    view = view[os.write(fd, view) :]
+                    continue
+                except BlockingIOError:
+                    pass
+                if worker.ended:
+                    return False
+                select.select([], [fd], [], POLL_S)
+        return True
 
     def _read(self, worker: WorkerHandle) -> None:
         """Pass one process worker's answers to the next inbox until its pipe ends."""
         stopping = False
         try:
             while True:
-                header = worker.results.recv_bytes()
-                body = worker.results.recv_bytes()
+                header = self._receive(worker)
+                body = self._receive(worker) if header is not None else None
+                if body is None:
+                    break  # the worker's process exited
                 seq, _ = HEADER.unpack(header)
                 with worker.cv:
                     for k, (held, _) in enumerate(worker.outstanding):
@@ -364,6 +398,51 @@ class StagePool:
         if self.stop_flag.is_set() or (worker.retire.is_set() and not lost):
             return
         self._recover(worker, lost)
+
+    @classmethod
+    def _receive(cls, worker: WorkerHandle) -> bytes | None:
+        """One message from the worker's result pipe (``Connection.send_bytes``' framing), or
+        ``None`` once the worker's process has exited and the pipe holds no more of it.
+
+        End-of-file alone does not tell that a worker died: a process the stage's function
+        forked (a ``multiprocessing`` helper, a ``Manager``, a bare ``os.fork``) holds the
+        pipe's write end too, and outlives a worker killed by the OOM killer. A relay blocked
+        in ``recv_bytes`` then never saw the death (nor, for a worker killed halfway through
+        writing an answer, the rest of it), and the items the worker held never went to
+        another worker: the consumer waited forever. So the relay reads only what the pipe
+        has, and watches the process itself (its pidfd) between reads, every ``POLL_S``."""
+        head = cls._receive_exactly(worker, 4)
+        if head is None:
+            return None
+        (size,) = _SIZE.unpack(head)
+        if size == -1:
+            head = cls._receive_exactly(worker, 8)
+            if head is None:
+                return None
+            (size,) = _LARGE_SIZE.unpack(head)
+        return cls._receive_exactly(worker, size)
+
+    @staticmethod
+    def _receive_exactly(worker: WorkerHandle, size: int) -> bytes | None:
+        """``size`` bytes of the result pipe; ``None`` if the worker's process exited first.
+        Raises ``EOFError`` at the pipe's end."""
+        fd = worker.results.fileno()
+        chunks: list[bytes] = []
+        while size > 0:
+            watch = [fd] if worker.pidfd is None else [fd, worker.pidfd]
+            ready, _, _ = select.select(watch, [], [], POLL_S)
+            if fd not in ready:
+                if not (worker.pidfd in ready or (worker.pidfd is None and worker.exited())):
+                    continue
+                # Exited: what it wrote before its death is still read and passed on.
+                if fd not in select.select([fd], [], [], 0)[0]:
+                    return None
+            chunk = os.read(fd, min(size, _READ_CHUNK))
+            if not chunk:
+                raise EOFError("the worker's result pipe ended")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
 
     def _recover(self, worker: WorkerHandle, lost: list[tuple[int, Any]]) -> None:
         """A process worker died: say how, and give what it held to the other workers."""

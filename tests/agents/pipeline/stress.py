@@ -2,7 +2,7 @@
 
 A scenario is a pipeline shape (1 to 6 stages, thread or process, items of a few bytes to a
 few MB on both sides of the shared-memory threshold, as bytes or as torch tensors, ordered or
-not, a function that sleeps, spins or raises) and a sequence of operations applied while the consumer takes items: live
+not, a function that sleeps, spins, raises, or forks a helper process that outlives its worker) and a sequence of operations applied while the consumer takes items: live
 resizes, SIGKILL of a worker process (or of the launcher), and a stop that may come before
 the source is exhausted. Every operation runs under a bound; a bound that passes fails the
 run with every thread's stack, which is what a hang looks like.
@@ -10,6 +10,7 @@ run with every thread's stack, which is what a hang looks like.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import multiprocessing
 import os
@@ -17,6 +18,7 @@ import queue
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,16 +51,19 @@ class Step:
 
     name: str
     size: int
-    behaviour: str  # "sleep", "spin", "raise", "none"
+    behaviour: str  # "sleep", "spin", "raise", "none", "fork"
     ms: float
     raise_at: int = -1
     payload: str = "bytes"  # "bytes" or "tensor"
+    hold_path: str = ""  # "fork": the helper process lives while this file exists
 
     def __call__(self, item: tuple[int, object]) -> tuple[int, object]:
         """Wait or spin, raise on item ``raise_at``, and pass the item's number on."""
         i, _ = item
         if self.behaviour == "raise" and i == self.raise_at:
             raise ValueError(f"{self.name} refuses item {i}")
+        if self.behaviour == "fork":
+            _fork_a_helper(self.hold_path)
         if self.behaviour == "sleep":
             time.sleep(self.ms / 1000.0)
         elif self.behaviour == "spin":
@@ -68,6 +73,27 @@ class Step:
         if self.payload == "tensor":
             return i, _tensors(self.size)
         return i, bytes(self.size)
+
+
+_HELPER_OF: set[int] = set()  # the processes that started a helper already
+_TEST_PROCESS = os.getpid()  # a thread stage's function runs here: it forks nothing
+
+
+def _fork_a_helper(hold_path: str) -> None:
+    """Once per process: fork a helper that outlives this process, as a stage function's
+    ``multiprocessing`` helper or ``Manager`` does. It holds every descriptor the worker
+    had, its result pipe's write end among them, so a worker killed under it does not close
+    that pipe. It leaves when ``hold_path`` is removed (the scenario's end), or after 120 s."""
+    if os.getpid() in _HELPER_OF or os.getpid() == _TEST_PROCESS or not hold_path:
+        return
+    _HELPER_OF.add(os.getpid())
+    if os.fork() == 0:
+        try:
+            end = time.monotonic() + 120.0
+            while os.path.exists(hold_path) and time.monotonic() < end:
+                time.sleep(0.05)
+        finally:
+            os._exit(0)
 
 
 def _source(n: int, size: int):
@@ -122,7 +148,7 @@ def scenarios(
     kinds = draw(st.lists(st.sampled_from(["thread", "process"]), min_size=n, max_size=n))
     steps = []
     for k in range(n):
-        behaviour = draw(st.sampled_from(["none", "sleep", "spin", "raise"]))
+        behaviour = draw(st.sampled_from(["none", "sleep", "spin", "raise", "fork"]))
         steps.append(
             Step(
                 name=f"s{k}",
@@ -340,6 +366,10 @@ def _kill_a_worker(pipeline: Pipeline, stage: int, rng: random.Random) -> bool:
 def run_scenario(scenario: Scenario, tally: Tally, seed: int = 0) -> None:
     """Run one scenario and check what the consumer got; raise on a hang or a wrong result."""
     rng = random.Random(seed)
+    hold = tempfile.NamedTemporaryFile(prefix="stress-helpers-", delete=False)
+    hold.close()
+    steps = [dataclasses.replace(s, hold_path=hold.name) for s in scenario.steps]
+    scenario = dataclasses.replace(scenario, steps=steps)
     pipeline = scenario.build()
     burner = Burner()
     tally.runs += 1
@@ -391,7 +421,10 @@ def run_scenario(scenario: Scenario, tally: Tally, seed: int = 0) -> None:
         burner.set(False)
         if consumer is not None:
             consumer.done.set()
-        _, took = bounded("stop", STOP_BOUND_S, pipeline.stop)
+        try:
+            _, took = bounded("stop", STOP_BOUND_S, pipeline.stop)
+        finally:
+            os.unlink(hold.name)  # the "fork" steps' helpers leave
         tally.longest_stop_s = max(tally.longest_stop_s, took)
     leftovers = [f for f in os.listdir(shm.SHM_DIR) if f.startswith(pipeline._prefix)]
     assert not leftovers, f"shared-memory files left behind: {leftovers}"

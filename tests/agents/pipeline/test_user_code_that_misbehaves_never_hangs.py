@@ -4,8 +4,11 @@ Each case consumes the pipeline in a thread joined with a bound, so a hang fails
 (with the case named) rather than stalling the suite.
 """
 
+import os
+import signal
 import sys
 import threading
+import time
 
 import pytest
 
@@ -98,3 +101,87 @@ def test_a_pipeline_looped_over_again_after_its_end_ends_at_once(kind):
     with Pipeline(range(6), [Stage("a", abs, kind=kind)]) as pipeline:
         received, errors = consume(pipeline, loops=3)
     assert received == list(range(6)) and not errors
+
+
+class ForksAHelper:
+    """A stage function that starts a helper process on its first item, as one that starts a
+    ``multiprocessing`` pool or a ``Manager`` does: the helper outlives the worker."""
+
+    def __init__(self, hold_path: str):
+        self.hold_path = hold_path
+        self.helper = None
+
+    def __call__(self, item):
+        if self.helper is None:
+            self.helper = os.fork()
+            if self.helper == 0:
+                try:
+                    end = time.monotonic() + 60
+                    while os.path.exists(self.hold_path) and time.monotonic() < end:
+                        time.sleep(0.05)
+                finally:
+                    os._exit(0)
+        time.sleep(0.01)
+        return item
+
+
+def test_a_worker_killed_while_its_helper_process_lives_on_is_replaced(tmp_path):
+    # The helper holds the worker's result pipe open: the pipe's end never comes, and the
+    # pipeline must see the death from the process itself.
+    hold = tmp_path / "helpers-live"
+    hold.touch()
+    stage = Stage("forks", ForksAHelper(str(hold)), kind="process", workers=2)
+    received: list = []
+    try:
+        with Pipeline(range(100), [stage], max_item_retries=5) as pipeline:
+
+            def run():
+                for item in pipeline:
+                    received.append(item)
+                    if len(received) == 10:
+                        for worker in pipeline._pools[0].active:
+                            worker.signal(signal.SIGKILL)
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            thread.join(BOUND_S)
+            assert not thread.is_alive(), f"the consumer hung for {BOUND_S} s"
+            # Both were killed holding items (1 s of work was left), which went elsewhere.
+            assert pipeline._pools[0].died >= 2
+    finally:
+        hold.unlink()
+    assert received == list(range(100))
+
+
+class SlowForkerOfLargeItems(ForksAHelper):
+    def __call__(self, item):
+        super().__call__(item)
+        time.sleep(0.3)  # the next item waits in the pipe, which it fills
+        return item[0]
+
+
+def test_the_relay_feeding_a_killed_worker_with_a_live_helper_ends(tmp_path):
+    # The helper also holds the item pipe's read end: a write to the dead worker's full pipe
+    # would never return, and its relay would stay for good.
+    hold = tmp_path / "helpers-live"
+    hold.touch()
+    forker = SlowForkerOfLargeItems(str(hold))
+    # Through the pipe, not shared memory: the second item fills the pipe while the worker
+    # is busy with the first.
+    stage = Stage("forks", forker, kind="process", workers=1, shared_memory=False)
+    items = [(i, bytes(400_000)) for i in range(6)]
+    try:
+        with Pipeline(items, [stage], max_item_retries=5, queue_size=2) as pipeline:
+            iterator = iter(pipeline)
+            received = [next(iterator)]
+            pool = pipeline._pools[0]
+            killed = pool.active[0]
+            killed.signal(signal.SIGKILL)
+            received += list(iterator)
+            deadline = time.monotonic() + 5.0
+            while any(r.is_alive() for r in killed.relays) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not any(r.is_alive() for r in killed.relays), "a relay of the dead worker stayed"
+    finally:
+        hold.unlink()
+    assert received == list(range(6))
