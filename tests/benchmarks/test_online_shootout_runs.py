@@ -242,3 +242,141 @@ def test_the_reference_is_the_best_confirmed_mean_not_the_luckiest_window(monkey
     assert ranked({"allocation": allocation, "table": table})[:2] == [
         {"fetch": 1, "pack": 1}, {"fetch": 2, "pack": 1}
     ]  # fmt: skip
+
+
+def test_rounds_alternate_the_order_of_the_tuners():
+    from benchmarks.online_tuning import run_order
+
+    order = run_order(["intune", "prior", "static"], 3)
+    assert order == [
+        (0, "intune"), (0, "prior"), (0, "static"),
+        (1, "static"), (1, "prior"), (1, "intune"),
+        (2, "intune"), (2, "prior"), (2, "static"),
+    ]  # fmt: skip
+    # Over an even number of rounds every tuner runs, on average, at the same place in the order.
+    places = {}
+    for index, (round_, name) in enumerate(run_order(["a", "b", "c", "d"], 4)):
+        places.setdefault(name, []).append(index - 4 * round_)
+    assert len({sum(p) for p in places.values()}) == 1
+
+
+def _run(tuner, round_, final, status="running", steps=20, **extra):
+    return {
+        "tuner": tuner,
+        "round": round_,
+        "final_allocation": {"read": 1, "parse": 2},
+        "trajectory": [{"t": float(t), "throughput": final} for t in range(4)],
+        "session": {
+            "status": status,
+            "steps": steps,
+            "error": "boom" if status == "failed" else "",
+        },
+        "load_average": {"before": [3.5, 2, 1], "after": [7.25, 3, 1]},
+        "allocation_changes": 2,
+        "ooms": 0,
+        "agent_survived": True,
+        "score": {
+            "final_throughput": final,
+            "final_of_best": final / 100,
+            "mean_of_best": final / 110,
+            "seconds_to_95": 3.0 if final >= 95 else None,
+            "samples_lost": 10.0,
+            "samples_lost_of_best": 0.1,
+        },
+        **extra,
+    }
+
+
+def _figures(runs, tuners, **extra):
+    from benchmarks.online_tuning import round_ratios, summarise
+
+    return {
+        "date": "2026-11-23",
+        "command": "python -m benchmarks.online_tuning --rounds 2",
+        "pipeline": "dlrm",
+        "fuse": None,
+        "rounds": 2,
+        "events": False,
+        "reference": {"normal": {"allocation": {"read": 1, "parse": 2}, "throughput": 100.0}},
+        "runs": runs,
+        "tuners": summarise(runs, tuners),
+        "ratios_by_round": round_ratios(runs),
+        **extra,
+    }
+
+
+def test_the_ratios_are_taken_round_by_round_and_the_table_shows_their_spread():
+    from benchmarks.online_tuning import markdown, round_ratios
+
+    runs = [
+        _run("intune", 1, 90.0), _run("prior", 1, 100.0),
+        _run("prior", 2, 80.0, status="failed", steps=3), _run("intune", 2, 96.0),
+    ]  # fmt: skip
+    by_round = round_ratios(runs)
+    assert by_round == {"prior": [pytest.approx(0.9), pytest.approx(1.2)]}
+    table = markdown(_figures(runs, ["intune", "prior"]))
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert len(rows) == 4 and all(row.count("|") == 10 for row in rows)
+    prior = next(row for row in rows if row.startswith("| prior"))
+    assert "**1.05 (0.90-1.20)**" in prior  # the median and the rounds' range
+    assert "failed at step 3" in prior and "to the end" in prior
+    assert "0.900" in prior  # final / best: the median of 1.0 and 0.8
+    assert "3 (1x never)" in prior  # reached in one round of two
+    assert "load average (1 min) 3.5 to 7.2" in table
+    assert "best measured 100 samples/s at read 1, parse 2" in table
+
+
+def test_an_override_run_and_events_have_their_own_cells():
+    from benchmarks.online_tuning import markdown
+
+    recovery = {"one_cpu": 4.0, "cotenant": None, "low_memory": 2.0}
+    event_final = {"one_cpu": 0.97, "cotenant": 0.5, "low_memory": 1.1}
+    runs = [
+        _run("intune", 1, 97.0), _run("best-fixed", 1, 99.0, fixed_allocation={"read": 1}),
+    ]  # fmt: skip
+    for run in runs:
+        run["score"] |= {"recovery_seconds": recovery, "event_final_of_best": event_final}
+    reference = {
+        "normal": {"allocation": {"read": 1, "parse": 2}, "throughput": 100.0},
+        **{c: {"allocation": {"read": 1, "parse": 1}, "throughput": 50.0} for c in recovery},
+    }
+    table = markdown(_figures(runs, ["intune", "best-fixed"], events=True, reference=reference))
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert all(row.count("|") == 13 for row in rows)
+    fixed = next(row for row in rows if row.startswith("| best-fixed"))
+    assert "none (an override)" in fixed and "| 4 (0.97) | never (0.50) | 2 (1.10) |" in fixed
+    assert "Bests of the conditions: one_cpu 50 at read 1, parse 1" in table
+
+
+def test_the_figure_inlines_plotly_and_draws_every_run(tmp_path):
+    from benchmarks.online_tuning import figure_html
+
+    runs = [_run("intune", 1, 90.0), _run("prior", 1, 100.0)]
+    runs[0]["tuner"] = "intune</script><b>"  # data cannot close the page's script
+    figures = _figures(runs, ["intune</script><b>", "prior"])
+    assert figure_html(figures, tmp_path / "missing.js") is None
+    plotly = tmp_path / "plotly.min.js"
+    plotly.write_text("window.Plotly = {newPlot() {}};")
+    page = figure_html(figures, plotly)
+    assert "window.Plotly = {newPlot() {}};" in page
+    assert page.count("</script>") == 2 and "prior r1" in page
+    data = json.loads(page.split("const figure = ")[1].split("; Plotly.newPlot")[0])
+    assert [t["name"] for t in data["traces"]] == ["intune</script><b> r1", "prior r1"]
+    assert data["traces"][1]["y"] == [100.0] * 4
+
+
+def test_the_decisions_are_logged_with_the_second_of_the_run():
+    from benchmarks.online_tuning import decision_log
+
+    started = 1_700_000_000.0
+    log = decision_log(
+        [
+            {"step": 2, "created_at": "2023-11-14T22:13:24.500000Z", "workers": {"read": 2},
+             "action": "read+1", "info": {"explored": False}},
+            {"step": 1, "created_at": "2023-11-14T22:13:22+00:00", "workers": {"read": 1},
+             "action": "hold", "info": {}},
+        ],
+        started,
+    )  # fmt: skip
+    assert [(d["step"], d["t"], d["action"]) for d in log] == [(1, 2.0, "hold"), (2, 4.5, "read+1")]
+    assert log[1]["explored"] is False and log[0]["explored"] is None
