@@ -388,16 +388,20 @@ def lowered_memory(reference: dict) -> tuple[float, dict[str, float]]:
     return round((smallest + allocation_memory(best, per_worker)) / 2, 1), per_worker
 
 
-def measure_reference(args, with_events: bool) -> dict:
-    """Each condition's best allocation and samples/s (only ``normal`` without events)."""
-    common = dict(fuse=args.fuse)
+def measure_reference(args) -> dict:
+    """The best allocation and samples/s without events (``{"normal": ...}``)."""
     alloc, best, table = exhaustive(
-        args.seconds_per_allocation, args.settle, args.pipeline, args.allocations, **common
+        args.seconds_per_allocation, args.settle, args.pipeline, args.allocations, fuse=args.fuse
     )
-    reference = {"normal": {"allocation": alloc, "throughput": best, "table": table}}
     console.print(f"best measured: {best:,.0f} samples/s at {alloc}")
-    if not with_events:
-        return reference
+    return {"normal": {"allocation": alloc, "throughput": best, "table": table}}
+
+
+def measure_conditions(args, reference: dict) -> dict:
+    """Each event's condition's best allocation and samples/s, added to ``reference`` (which
+    holds ``normal``; the lowered memory budget is computed from it). Measured after the tuners'
+    runs, as the issue asks ("the new best, measured afterwards under the same conditions")."""
+    common = dict(fuse=args.fuse)
     cpus = sorted(os.sched_getaffinity(0))
     with own_cpus({cpus[0]}):
         alloc, best, table = exhaustive(
@@ -1018,8 +1022,8 @@ def run_order(names: list[str], rounds: int) -> list[tuple[int, str]]:
 def shootout(args, tuners: list[str], on_run: Callable[[dict, dict], None] | None = None) -> dict:
     """The reference, then every tuner ``--rounds`` times, alternately; returns the figures.
     ``on_run(run, reference)`` is called after each run."""
-    reference = measure_reference(args, args.events)
-    events = {"memory_mb": reference["low_memory"]["memory_mb"]} if args.events else None
+    reference = measure_reference(args)
+    events = {"memory_mb": lowered_memory(reference["normal"])[0]} if args.events else None
     runs = []
     directory = Path(tempfile.mkdtemp(prefix="intune-shootout-"))
     with LiveStack(directory, beat=True) as stack:
@@ -1046,15 +1050,21 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict, dict], None] | Non
                 fixed=ranked(reference["normal"]) if name == FIXED else None,
             )
             result["round"] = round_ + 1
-            result["score"] = score_run(result, reference)
+            # With events, each condition's best is measured after the runs: score then.
+            normal_end = result["events"][0]["t"] if result["events"] else args.tuning_seconds
+            first = score(result["trajectory"], reference["normal"]["throughput"], 0, normal_end)
             runs.append(result)
             console.print(
-                f"{name} round {round_ + 1}: {result['score']['final_of_best']:.3f} of the "
+                f"{name} round {round_ + 1}: {first['final_of_best']:.3f} of the "
                 f"best, {result['allocation_changes']} changes, final "
                 f"{result['final_allocation']}"
             )
             if on_run is not None:
                 on_run(result, reference)
+    if args.events:
+        measure_conditions(args, reference)
+    for result in runs:
+        result["score"] = score_run(result, reference)
     summary = summarise(runs, names)
     return {
         "reference": reference,
