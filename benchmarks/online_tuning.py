@@ -630,6 +630,9 @@ def decision_log(decisions: list[dict], started: float) -> list[dict]:
                 "workers": d.get("workers"),
                 "action": d.get("action"),
                 "explored": (d.get("info") or {}).get("explored"),
+                # intune's online gradient steps so far: does learning move the final window?
+                "learn_steps": (d.get("info") or {}).get("learn_steps"),
+                "reward": d.get("reward"),
             }
         )
     return log

@@ -372,7 +372,7 @@ def test_the_decisions_are_logged_with_the_second_of_the_run():
     log = decision_log(
         [
             {"step": 2, "created_at": "2023-11-14T22:13:24.500000Z", "workers": {"read": 2},
-             "action": "read+1", "info": {"explored": False}},
+             "action": "read+1", "info": {"explored": False, "learn_steps": 3}, "reward": 0.1},
             {"step": 1, "created_at": "2023-11-14T22:13:22+00:00", "workers": {"read": 1},
              "action": "hold", "info": {}},
         ],
@@ -380,6 +380,7 @@ def test_the_decisions_are_logged_with_the_second_of_the_run():
     )  # fmt: skip
     assert [(d["step"], d["t"], d["action"]) for d in log] == [(1, 2.0, "hold"), (2, 4.5, "read+1")]
     assert log[1]["explored"] is False and log[0]["explored"] is None
+    assert (log[1]["learn_steps"], log[1]["reward"]) == (3, 0.1) and log[0]["learn_steps"] is None
 
 
 def test_with_events_each_conditions_best_is_measured_after_the_runs(monkeypatch):
