@@ -388,6 +388,26 @@ def lowered_memory(reference: dict) -> tuple[float, dict[str, float]]:
     return round((smallest + allocation_memory(best, per_worker)) / 2, 1), per_worker
 
 
+def host_used_mb() -> float:
+    """Memory the whole host uses now (what the agent reports as ``memory_used_mb``)."""
+    vm = psutil.virtual_memory()
+    return (vm.total - vm.available) / 2**20
+
+
+def lowered_host_memory(
+    used_mb: float, allocation: dict[str, int], memory_mb: float, per_worker: dict[str, float]
+) -> float:
+    """The host memory budget of the ``low_memory`` event: ``memory_mb`` for the pipeline's
+    workers (as the reference sweep counts them) on top of what the rest of the host uses now.
+
+    The tuners compare the host's memory *used* (every process on it: the control plane, other
+    work) with the host's budget, so a budget of the workers' ``memory_mb`` alone puts a shared
+    host at several times its limit whatever the allocation (a 1,054 MB budget against 5 GB used
+    gave intune a reward of -150); the headroom above what is used now is what the event lowers.
+    """
+    return round(used_mb - allocation_memory(allocation, per_worker) + memory_mb, 1)
+
+
 def measure_reference(args) -> dict:
     """The best allocation and samples/s without events (``{"normal": ...}``)."""
     alloc, best, table = exhaustive(
@@ -538,12 +558,22 @@ def online(
                         cotenant.start()
                     elif condition == "low_memory":
                         cotenant.stop()
+                        in_force = api.get(f"/api/v1/hosts/{host_id}/").json()["allocation"]
+                        limit = lowered_host_memory(
+                            host_used_mb(),
+                            (in_force or {}).get("workers") or {},
+                            events["memory_mb"],
+                            events.get("memory_mb_per_worker", {}),
+                        )
                         shell.run(
                             "from webapp.jobs.models import Host; "
                             f"Host.objects.filter(pk={int(host_id)})"
-                            f".update(memory_mb={float(events['memory_mb'])})"
+                            f".update(memory_mb={float(limit)})"
                         )
-                        what += f" to {events['memory_mb']:.0f} MB"
+                        what += (
+                            f" to {limit:.0f} MB: what the host uses now, less the running "
+                            f"workers' memory, plus {events['memory_mb']:.0f} MB for them"
+                        )
                     happened.append(
                         {"t": round(time.time() - started, 1), "condition": condition, "what": what}
                     )
@@ -1026,7 +1056,10 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict, dict], None] | Non
     """The reference, then every tuner ``--rounds`` times, alternately; returns the figures.
     ``on_run(run, reference)`` is called after each run."""
     reference = measure_reference(args)
-    events = {"memory_mb": lowered_memory(reference["normal"])[0]} if args.events else None
+    events = None
+    if args.events:
+        memory_mb, per_worker = lowered_memory(reference["normal"])
+        events = {"memory_mb": memory_mb, "memory_mb_per_worker": per_worker}
     runs = []
     directory = Path(tempfile.mkdtemp(prefix="intune-shootout-"))
     with LiveStack(directory, beat=True) as stack:

@@ -439,9 +439,22 @@ def test_with_events_each_conditions_best_is_measured_after_the_runs(monkeypatch
     assert kinds[:5] == ["sweep normal", "run", "run", "run", "stack closed"]
     assert [k.split(" ")[1] for k in kinds[5:]] == ["on", "beside", "within"]
     memory_mb = figures["reference"]["low_memory"]["memory_mb"]
-    assert happened[2][2] == {"memory_mb": memory_mb} and happened[-1][2] == memory_mb
+    assert happened[2][2] == {"memory_mb": memory_mb, "memory_mb_per_worker": {"s": 10.0}}
+    assert happened[-1][2] == memory_mb
     for run in figures["runs"]:
         assert run["score"]["final_of_best"] == 1.0
         # Each phase's 3 s mean reaches its condition's best (50) at its third sample.
         assert run["score"]["recovery_seconds"] == {"one_cpu": 2.0, "cotenant": 2.0,
                                                     "low_memory": 2.0}  # fmt: skip
+
+
+def test_the_lowered_memory_budget_leaves_the_workers_the_reference_budget_above_the_hosts_use():
+    from benchmarks.online_tuning import lowered_host_memory
+
+    per_worker = {"read": 100.0, "parse": 250.0}
+    # The host uses 5,000 MB now, 600 of them the running workers (read 1, parse 2); the workers
+    # are to have 450 MB: the budget is 5,000 - 600 + 450 = 4,850 MB, below what is used.
+    assert lowered_host_memory(5000.0, {"read": 1, "parse": 2}, 450.0, per_worker) == 4850.0
+    # One worker each needs 350 MB: 100 MB of headroom left under the new budget.
+    assert lowered_host_memory(5000.0, {"read": 1, "parse": 1}, 450.0, per_worker) == 5100.0
+    assert lowered_host_memory(5000.0, {"other": 3}, 450.0, per_worker) == 5450.0
