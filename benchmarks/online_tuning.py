@@ -865,7 +865,11 @@ def markdown(figures: dict) -> str:
         f"**{title}** ({figures.get('date', '')}; `{figures.get('command', '')}`): "
         f"best measured {best['throughput']:,.0f} samples/s at "
         + ", ".join(f"{k} {v}" for k, v in best["allocation"].items())
-        + f"; {figures.get('rounds', 1)} round(s), order reversed every other round"
+        + (
+            f"; {figures['rounds']} rounds, the order reversed every other round"
+            if figures.get("rounds", 1) > 1
+            else "; one round"
+        )
         + (
             f"; load average (1 min) {min(one_minute):.1f} to {max(one_minute):.1f}"
             if one_minute
