@@ -36,7 +36,11 @@ def test_a_tiny_shootout_of_two_tuners_writes_every_figure(tmp_path, redis_url):
     normal = result["reference"]["normal"]
     # counting: 3 stages on this host's CPUs + 3 slots, each at least one worker.
     assert len(normal["table"]) >= 4 and normal["throughput"] > 0
-    assert normal["throughput"] == max(r["throughput"] for r in normal["table"])
+    # The reference is the best mean of the fastest allocations measured again (not the
+    # luckiest single window).
+    confirmed = [r for r in normal["table"] if "confirmed_mean" in r]
+    assert len(confirmed) == 3
+    assert normal["throughput"] == max(r["confirmed_mean"] for r in confirmed)
     assert [r["tuner"] for r in result["runs"]] == ["intune", "static"]
     for run in result["runs"]:
         assert run["agent_survived"] and run["ooms"] == 0
@@ -62,6 +66,13 @@ def test_a_tiny_shootout_of_two_tuners_writes_every_figure(tmp_path, redis_url):
     )
     assert result["machine"]["cpus"] >= 1 and result["seconds"] == 6
     assert "intune" in done.stdout and "static" in done.stdout  # the table on the terminal
+    for run in result["runs"]:
+        assert len(run["load_average"]["before"]) == 3
+        assert [d["step"] for d in run["decision_log"]] == list(range(run["decisions"]))
+        assert all(d["t"] is not None and -5 < d["t"] < 30 for d in run["decision_log"])
+    table = out.with_suffix(".md").read_text()
+    assert table.count("| intune |") == 1 and "| static | **" in table
+    assert "plotly" in out.with_suffix(".html").read_text()[:2000].lower()
 
 
 def test_an_unknown_tuner_is_refused_naming_the_known_ones():
