@@ -32,9 +32,13 @@ budget allows (a waiting stage may have up to 64 threads, too many to try them a
 3. ``--events`` (a real host's events, each a quarter of the run in): the pipeline's CPUs cut to
    one (the affinity of the agent and its workers shrunk: the agent notices and reports the
    smaller budget); then the CPUs back and a co-tenant process burning a CPU; then the co-tenant
-   gone and the host's memory budget on the control plane lowered below what the best allocation
-   needs. Each condition's best is measured the same way before the runs; reported: the seconds
-   after each event until a 3 s mean reached 95% of that condition's best.
+   gone and the host's memory budget on the control plane lowered (what the rest of the host
+   uses, plus less than the best allocation's workers need). Each condition's best is measured
+   the same way after the runs; reported: the seconds after each event until a 3 s mean reached
+   95% of that condition's best.
+
+With ``--json OUT``, ``OUT.md`` (the table as markdown: intune / each tuner, round by round, with
+the rounds' range) and ``OUT.html`` (every run's samples/s over time, plotly) are written too.
 
 Every run consumes batches without training (``--no-train``), so the figures are the pipeline's.
 The machine may be shared: run the tuners alternately (``--rounds``) and compare ratios.
