@@ -32,9 +32,13 @@ budget allows (a waiting stage may have up to 64 threads, too many to try them a
 3. ``--events`` (a real host's events, each a quarter of the run in): the pipeline's CPUs cut to
    one (the affinity of the agent and its workers shrunk: the agent notices and reports the
    smaller budget); then the CPUs back and a co-tenant process burning a CPU; then the co-tenant
-   gone and the host's memory budget on the control plane lowered below what the best allocation
-   needs. Each condition's best is measured the same way before the runs; reported: the seconds
-   after each event until a 3 s mean reached 95% of that condition's best.
+   gone and the host's memory budget on the control plane lowered (what the rest of the host
+   uses, plus less than the best allocation's workers need). Each condition's best is measured
+   the same way after the runs; reported: the seconds after each event until a 3 s mean reached
+   95% of that condition's best.
+
+With ``--json OUT``, ``OUT.md`` (the table as markdown: intune / each tuner, round by round, with
+the rounds' range) and ``OUT.html`` (every run's samples/s over time, plotly) are written too.
 
 Every run consumes batches without training (``--no-train``), so the figures are the pipeline's.
 The machine may be shared: run the tuners alternately (``--rounds``) and compare ratios.
@@ -388,16 +392,40 @@ def lowered_memory(reference: dict) -> tuple[float, dict[str, float]]:
     return round((smallest + allocation_memory(best, per_worker)) / 2, 1), per_worker
 
 
-def measure_reference(args, with_events: bool) -> dict:
-    """Each condition's best allocation and samples/s (only ``normal`` without events)."""
-    common = dict(fuse=args.fuse)
+def host_used_mb() -> float:
+    """Memory the whole host uses now (what the agent reports as ``memory_used_mb``)."""
+    vm = psutil.virtual_memory()
+    return (vm.total - vm.available) / 2**20
+
+
+def lowered_host_memory(
+    used_mb: float, allocation: dict[str, int], memory_mb: float, per_worker: dict[str, float]
+) -> float:
+    """The host memory budget of the ``low_memory`` event: ``memory_mb`` for the pipeline's
+    workers (as the reference sweep counts them) on top of what the rest of the host uses now.
+
+    The tuners compare the host's memory *used* (every process on it: the control plane, other
+    work) with the host's budget, so a budget of the workers' ``memory_mb`` alone puts a shared
+    host at several times its limit whatever the allocation (a 1,054 MB budget against 5 GB used
+    gave intune a reward of -150); the headroom above what is used now is what the event lowers.
+    """
+    return round(used_mb - allocation_memory(allocation, per_worker) + memory_mb, 1)
+
+
+def measure_reference(args) -> dict:
+    """The best allocation and samples/s without events (``{"normal": ...}``)."""
     alloc, best, table = exhaustive(
-        args.seconds_per_allocation, args.settle, args.pipeline, args.allocations, **common
+        args.seconds_per_allocation, args.settle, args.pipeline, args.allocations, fuse=args.fuse
     )
-    reference = {"normal": {"allocation": alloc, "throughput": best, "table": table}}
     console.print(f"best measured: {best:,.0f} samples/s at {alloc}")
-    if not with_events:
-        return reference
+    return {"normal": {"allocation": alloc, "throughput": best, "table": table}}
+
+
+def measure_conditions(args, reference: dict) -> dict:
+    """Each event's condition's best allocation and samples/s, added to ``reference`` (which
+    holds ``normal``; the lowered memory budget is computed from it). Measured after the tuners'
+    runs, as the issue asks ("the new best, measured afterwards under the same conditions")."""
+    common = dict(fuse=args.fuse)
     cpus = sorted(os.sched_getaffinity(0))
     with own_cpus({cpus[0]}):
         alloc, best, table = exhaustive(
@@ -485,6 +513,7 @@ def online(
     refused: list[dict] = []
     cotenant = CoTenant()
     shell = ControlPlaneShell(stack) if events else None
+    load_before = load_average()
     agent = stack.start_agent(host_id, token, *agent_args, instance=instance)
     cpus = set(os.sched_getaffinity(0))
     try:
@@ -533,12 +562,22 @@ def online(
                         cotenant.start()
                     elif condition == "low_memory":
                         cotenant.stop()
+                        in_force = api.get(f"/api/v1/hosts/{host_id}/").json()["allocation"]
+                        limit = lowered_host_memory(
+                            host_used_mb(),
+                            (in_force or {}).get("workers") or {},
+                            events["memory_mb"],
+                            events.get("memory_mb_per_worker", {}),
+                        )
                         shell.run(
                             "from webapp.jobs.models import Host; "
                             f"Host.objects.filter(pk={int(host_id)})"
-                            f".update(memory_mb={float(events['memory_mb'])})"
+                            f".update(memory_mb={float(limit)})"
                         )
-                        what += f" to {events['memory_mb']:.0f} MB"
+                        what += (
+                            f" to {limit:.0f} MB: what the host uses now, less the running "
+                            f"workers' memory, plus {events['memory_mb']:.0f} MB for them"
+                        )
                     happened.append(
                         {"t": round(time.time() - started, 1), "condition": condition, "what": what}
                     )
@@ -583,6 +622,8 @@ def online(
         if workers != current:
             changes, current = changes + 1, workers
     return {
+        "load_average": {"before": load_before, "after": load_average()},
+        "decision_log": decision_log(decisions, started),
         "tuner": tuner,
         "run": run,
         "seconds": tuning_seconds,
@@ -600,6 +641,35 @@ def online(
         "trajectory": trajectory,
         **({"fixed_allocation": chosen, "fixed_refused": refused} if fixed else {}),
     }
+
+
+def load_average() -> list[float]:
+    """The host's 1, 5 and 15-minute load averages (what else was running, for the record)."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def decision_log(decisions: list[dict], started: float) -> list[dict]:
+    """The decisions in order, each with the second of the run it was taken at: what a tuner did
+    when (an allocation change in the final window moves the final figure)."""
+    log = []
+    for d in sorted(decisions, key=lambda d: d["step"]):
+        try:
+            when = datetime.datetime.fromisoformat(d["created_at"]).timestamp() - started
+        except (KeyError, TypeError, ValueError):
+            when = None
+        log.append(
+            {
+                "t": None if when is None else round(when, 1),
+                "step": d["step"],
+                "workers": d.get("workers"),
+                "action": d.get("action"),
+                "explored": (d.get("info") or {}).get("explored"),
+                # intune's online gradient steps so far: does learning move the final window?
+                "learn_steps": (d.get("info") or {}).get("learn_steps"),
+                "reward": d.get("reward"),
+            }
+        )
+    return log
 
 
 # ------------------------------------------------------------------------------ scoring
@@ -737,6 +807,204 @@ def ratios(summary: dict, anchor: str = "intune") -> dict:
     }
 
 
+def round_ratios(runs: list[dict], anchor: str = "intune") -> dict[str, list[float]]:
+    """Per tuner, ``anchor``'s final samples/s over that tuner's, round by round (the two run in
+    the same round, minutes apart, under about the same load): the spread of these is what one
+    round can and cannot tell apart."""
+    by_round: dict[int, dict[str, float]] = {}
+    for run in runs:
+        by_round.setdefault(run.get("round", 1), {})[run["tuner"]] = run["score"][
+            "final_throughput"
+        ]
+    result: dict[str, list[float]] = {}
+    for finals in by_round.values():
+        mine = finals.get(anchor)
+        if not mine:
+            continue
+        for name, theirs in finals.items():
+            if name != anchor and theirs:
+                result.setdefault(name, []).append(mine / theirs)
+    return result
+
+
+def session_end(run: dict) -> str:
+    """How the run's tuning session ended, in words."""
+    session = run.get("session")
+    if run.get("fixed_allocation") is not None:
+        return "none (an override)"
+    if not session:
+        return "not recorded"
+    if session.get("status") == "failed":
+        return f"failed at step {session.get('steps')}"
+    return "to the end"
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "never" if value is None else format(value, fmt)
+
+
+def _spread(values: list[float]) -> str:
+    """``median (min-max)`` of a figure over the rounds; the value alone for one round."""
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def markdown(figures: dict) -> str:
+    """The shoot-out as a markdown table (what docs/benchmarks.md shows): per tuner, intune's
+    final samples/s over its own (the median over rounds, with the range of the round-by-round
+    ratios), final and mean over the best, seconds to 95%, samples lost, allocation changes,
+    OOMs, how each session ended; with events, the seconds back to 95% after each."""
+    reference, summary, runs = figures["reference"], figures["tuners"], figures["runs"]
+    best = reference["normal"]
+    by_round = round_ratios(runs)
+    events = bool(figures.get("events"))
+    one_minute = [load[0] for r in runs for load in r.get("load_average", {}).values()]
+    title = figures.get("pipeline", "dlrm") + (
+        f" fused ({figures['fuse']})" if figures.get("fuse") else ""
+    )
+    lines = [
+        f"**{title}** ({figures.get('date', '')}; `{figures.get('command', '')}`): "
+        f"best measured {best['throughput']:,.0f} samples/s at "
+        + ", ".join(f"{k} {v}" for k, v in best["allocation"].items())
+        + (
+            f"; {figures['rounds']} rounds, the order reversed every other round"
+            if figures.get("rounds", 1) > 1
+            else "; one round"
+        )
+        + (
+            f"; load average (1 min) {min(one_minute):.1f} to {max(one_minute):.1f}"
+            if one_minute
+            else ""
+        )
+        + ".",
+        "",
+    ]
+    head = [
+        "tuner", "intune / tuner (final)", "final / best", "mean / best", "s to 95%",
+        "samples lost", "changes", "OOMs", "session",
+    ]  # fmt: skip
+    if events:
+        head += [f"{c}: s to 95% (final/best)" for c in CONDITIONS[1:]]
+    lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    if events:
+        lines[-1] = "|---|" + "---:|" * 7 + "---|" + "---:|" * len(CONDITIONS[1:])
+    for name, s in summary.items():
+        mine = [r for r in runs if r["tuner"] == name]
+        ends = sorted({session_end(r) for r in mine})
+        ratio = f"**{_spread(by_round[name])}**" if by_round.get(name) else ""
+        row = [
+            name,
+            ratio,
+            f"{s['final_of_best']:.3f}",
+            f"{s['mean_of_best']:.3f}",
+            _cell(s["seconds_to_95"], ".0f")
+            + (
+                f" ({s['never_reached_95']}x never)"
+                if 0 < s["never_reached_95"] < s["rounds"]
+                else ""
+            ),
+            f"{s['samples_lost_of_best']:.0%}",
+            f"{s['allocation_changes']:.0f}",
+            f"{s['ooms']}" + (f" (agent died {s['agent_died']}x)" if s["agent_died"] else ""),
+            "; ".join(ends),
+        ]
+        if events:
+            for condition in CONDITIONS[1:]:
+                seconds = s.get("recovery_seconds", {}).get(condition)
+                final = s.get("event_final_of_best", {}).get(condition)
+                row.append(_cell(seconds, ".0f") + ("" if final is None else f" ({final:.2f})"))
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    if len({r.get("round", 1) for r in runs}) > 1:
+        lines.append(
+            "Figures are medians over the rounds; the ratio's range is over the rounds' own "
+            "ratios (intune and the tuner in the same round)."
+        )
+    finals = "; ".join(
+        f"{r['tuner']}"
+        + (f" (round {r['round']})" if figures.get("rounds", 1) > 1 else "")
+        + ": "
+        + ", ".join(f"{k} {v}" for k, v in (r.get("final_allocation") or {}).items())
+        for r in runs
+    )
+    lines.append(f"Final allocations: {finals}.")
+    if events:
+        lines.append(
+            "Bests of the conditions: "
+            + "; ".join(
+                f"{c} {reference[c]['throughput']:,.0f} at "
+                + ", ".join(f"{k} {v}" for k, v in reference[c]["allocation"].items())
+                for c in CONDITIONS[1:]
+                if c in reference
+            )
+            + "."
+        )
+    return "\n".join(lines) + "\n"
+
+
+PLOTLY_JS = ROOT / "static" / "vendor" / "plotly" / "plotly.min.js"
+
+
+def figure_html(figures: dict, plotly_js: Path = PLOTLY_JS) -> str | None:
+    """A page with one plotly figure: every run's samples/s over the run's seconds, the best
+    measured as a line, the events marked. The dashboard's vendored plotly.js is inlined (the
+    page works offline, like the dashboard); ``None`` when that file is not there."""
+    if not plotly_js.is_file():
+        return None
+    traces = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": f"{r['tuner']} r{r.get('round', 1)}",
+            "x": [p["t"] for p in r["trajectory"]],
+            "y": [p["throughput"] for p in r["trajectory"]],
+        }
+        for r in figures["runs"]
+    ]
+    best = figures["reference"]["normal"]["throughput"]
+    shapes = [
+        {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": best, "y1": best,
+         "line": {"dash": "dash", "color": "black"}},
+        {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": REACHED * best,
+         "y1": REACHED * best, "line": {"dash": "dot", "color": "grey"}},
+    ]  # fmt: skip
+    events = figures["runs"][0].get("events") if figures["runs"] else []
+    for event in events or []:
+        shapes.append(
+            {"type": "line", "yref": "paper", "y0": 0, "y1": 1, "x0": event["t"],
+             "x1": event["t"], "line": {"color": "red", "dash": "dot"}}
+        )  # fmt: skip
+    layout = {
+        "title": f"{figures.get('pipeline', '')} {figures.get('fuse') or ''}: samples/s online "
+        f"(dashed: best measured {best:,.0f}; dotted: 95%)",
+        "xaxis": {"title": "seconds of the run"},
+        "yaxis": {"title": "samples/s", "rangemode": "tozero"},
+        "shapes": shapes,
+    }
+    data = json.dumps({"traces": traces, "layout": layout}).replace("</", "<\\/")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>shoot-out</title>"
+        f"<script>{plotly_js.read_text()}</script></head><body>"
+        "<div id='figure' style='height:90vh'></div><script>"
+        f"const figure = {data}; Plotly.newPlot('figure', figure.traces, figure.layout);"
+        "</script></body></html>"
+    )
+
+
+def write_report(figures: dict, path: Path) -> list[Path]:
+    """The markdown table and the figure next to the JSON ``path`` (``.md``, ``.html``)."""
+    written = [path.with_suffix(".md")]
+    written[0].write_text(markdown(figures))
+    page = figure_html(figures)
+    if page is not None:
+        written.append(path.with_suffix(".html"))
+        written[1].write_text(page)
+    return written
+
+
 def print_table(summary: dict, reference: dict, with_events: bool) -> None:
     best = reference["normal"]
     table = Table(
@@ -781,10 +1049,25 @@ def print_table(summary: dict, reference: dict, with_events: bool) -> None:
 # ------------------------------------------------------------------------------ command
 
 
-def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = None) -> dict:
-    """The reference, then every tuner ``--rounds`` times, alternately; returns the figures."""
-    reference = measure_reference(args, args.events)
-    events = {"memory_mb": reference["low_memory"]["memory_mb"]} if args.events else None
+def run_order(names: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, tuner) in the order they run: the tuners in turn, the order reversed every other
+    round, so that a machine getting slower or faster over the runs favours no tuner (with an
+    even number of rounds every tuner's mean position is the same)."""
+    return [
+        (round_, name)
+        for round_ in range(rounds)
+        for name in (names if round_ % 2 == 0 else names[::-1])
+    ]
+
+
+def shootout(args, tuners: list[str], on_run: Callable[[dict, dict], None] | None = None) -> dict:
+    """The reference, then every tuner ``--rounds`` times, alternately; returns the figures.
+    ``on_run(run, reference)`` is called after each run."""
+    reference = measure_reference(args)
+    events = None
+    if args.events:
+        memory_mb, per_worker = lowered_memory(reference["normal"])
+        events = {"memory_mb": memory_mb, "memory_mb_per_worker": per_worker}
     runs = []
     directory = Path(tempfile.mkdtemp(prefix="intune-shootout-"))
     with LiveStack(directory, beat=True) as stack:
@@ -797,33 +1080,43 @@ def shootout(args, tuners: list[str], on_run: Callable[[dict], None] | None = No
                 stack=stack, operator_token=operator_token, fuse=args.fuse, run="warmup",
             )  # fmt: skip
         names = [*tuners, FIXED] if args.fixed_best else list(tuners)
-        for round_ in range(args.rounds):
-            order = names if round_ % 2 == 0 else names[::-1]
-            for name in order:
-                result = online(
-                    args.tuning_seconds,
-                    args.interval,
-                    args.pipeline,
-                    name,
-                    stack=stack,
-                    operator_token=operator_token,
-                    fuse=args.fuse,
-                    events=events,
-                    run=f"{name}-{round_ + 1}",
-                    fixed=ranked(reference["normal"]) if name == FIXED else None,
-                )
-                result["round"] = round_ + 1
-                result["score"] = score_run(result, reference)
-                runs.append(result)
-                console.print(
-                    f"{name} round {round_ + 1}: {result['score']['final_of_best']:.3f} of the "
-                    f"best, {result['allocation_changes']} changes, final "
-                    f"{result['final_allocation']}"
-                )
-                if on_run is not None:
-                    on_run(result)
+        for round_, name in run_order(names, args.rounds):
+            result = online(
+                args.tuning_seconds,
+                args.interval,
+                args.pipeline,
+                name,
+                stack=stack,
+                operator_token=operator_token,
+                fuse=args.fuse,
+                events=events,
+                run=f"{name}-{round_ + 1}",
+                fixed=ranked(reference["normal"]) if name == FIXED else None,
+            )
+            result["round"] = round_ + 1
+            # With events, each condition's best is measured after the runs: score then.
+            normal_end = result["events"][0]["t"] if result["events"] else args.tuning_seconds
+            first = score(result["trajectory"], reference["normal"]["throughput"], 0, normal_end)
+            runs.append(result)
+            console.print(
+                f"{name} round {round_ + 1}: {first['final_of_best']:.3f} of the "
+                f"best, {result['allocation_changes']} changes, final "
+                f"{result['final_allocation']}"
+            )
+            if on_run is not None:
+                on_run(result, reference)
+    if args.events:
+        measure_conditions(args, reference)
+    for result in runs:
+        result["score"] = score_run(result, reference)
     summary = summarise(runs, names)
-    return {"reference": reference, "runs": runs, "tuners": summary, "ratios": ratios(summary)}
+    return {
+        "reference": reference,
+        "runs": runs,
+        "tuners": summary,
+        "ratios": ratios(summary),
+        "ratios_by_round": round_ratios(runs),
+    }
 
 
 def rescore(path: Path, out: Path | None) -> int:
@@ -834,12 +1127,15 @@ def rescore(path: Path, out: Path | None) -> int:
         run["score"] = score_run(run, figures["reference"])
     figures["tuners"] = summarise(figures["runs"], names)
     figures["ratios"] = ratios(figures["tuners"])
+    figures["ratios_by_round"] = round_ratios(figures["runs"])
     print_table(figures["tuners"], figures["reference"], bool(figures.get("events")))
     for name, ratio in figures["ratios"].items():
         if ratio is not None:
             console.print(f"intune / {name}: {ratio:.2f}")
     if out:
         out.write_text(json.dumps(figures, indent=2))
+    for written in write_report(figures, out or path):
+        console.print(f"wrote {written}")
     return 0
 
 
@@ -950,14 +1246,18 @@ def main(argv: list[str] | None = None) -> int:
         "interval": args.interval,
         "rounds": args.rounds,
         "events": args.events,
+        "load_average_start": load_average(),
     }
 
     done: list[dict] = []
 
-    def save(run: dict | None = None) -> None:
-        """Write what is measured so far (after every run: a long run that fails keeps them)."""
+    def save(run: dict | None = None, reference: dict | None = None) -> None:
+        """Write what is measured so far (after every run: a long run that fails keeps them,
+        with the reference, so that ``--rescore`` can score them)."""
         if run is not None:
             done.append(run)
+        if reference is not None:
+            figures["reference"] = reference
         if args.json:
             args.json.write_text(json.dumps(figures | {"runs": done}, indent=2))
 
@@ -982,7 +1282,11 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": first["score"]["final_of_best"],
         "allocations_measured": best["table"],
     }
+    figures["load_average_end"] = load_average()
     save()
+    if args.json:
+        for written in write_report(figures, args.json):
+            console.print(f"wrote {written}")
     return 0
 
 
