@@ -60,6 +60,7 @@ class CapacityFit:
             return
         slots = sum(s.workers * worker_cpu.get(s.name, 1.0) for s in observation.stages)
         share = min(1.0, max(observation.host.cpus, 1.0) / max(slots, 1e-9))
+        total = sum(int(s.workers) for s in observation.stages)
         for stage in observation.stages:
             if stage.items_per_s <= 0:
                 continue
@@ -69,20 +70,26 @@ class CapacityFit:
             normalised = capacity * ((1.0 - cost) + cost / share)
             value = math.log(normalised)
             points = self.points.setdefault(stage.name, {})
-            same = points.get(int(stage.workers))
+            key = self._key(int(stage.workers), total)
+            same = points.get(key)
             if same is not None and abs(value - same[0]) > CHANGE:
                 points.clear()
                 self.fitted.pop(stage.name, None)
                 same = None
             if same is None:
-                points[int(stage.workers)] = [value, 1.0, float(self.step)]
+                points[key] = [value, 1.0, float(self.step)]
                 if len(points) > COUNTS:
-                    del points[min(points, key=lambda w: points[w][2])]
+                    del points[min(points, key=lambda k: points[k][2])]
             else:
                 count = min(same[1] + 1.0, PER_COUNT)
                 same[0] += (value - same[0]) / count
                 same[1], same[2] = count, float(self.step)
         self._dirty = True
+
+    @staticmethod
+    def _key(workers: int, total: int):
+        """What a point is kept by: the stage's own workers."""
+        return workers
 
     def usl(self) -> dict[str, tuple[float, float]]:
         """``{stage: (sigma, kappa)}`` for the stages the law describes far better than the
@@ -187,7 +194,7 @@ def _fit_stage(points: dict[int, list[float]], step: int) -> tuple[float, float]
     return float(b / a), float(c / a)
 
 
-class HostContentionFit:
+class HostContentionFit(CapacityFit):
     """The USL against the pipeline's TOTAL workers ``W``: where stages contend for the host's
     memory bandwidth or caches, every stage slows as workers are added anywhere, which no
     per-stage curve can tell from the stage's own scaling.
@@ -208,42 +215,10 @@ class HostContentionFit:
     the gate stays closed.
     """
 
-    def __init__(self) -> None:
-        self.points: dict[str, dict[tuple[int, int], list[float]]] = {}
-        self.step = 0
-        self.fitted: dict[str, tuple[float, float]] = {}
-        self._dirty = False
-
-    def update(self, observation: Observation, worker_cpu: dict[str, float]) -> None:
-        """Add one observation's points (ignored when it measured nothing)."""
-        self.step += 1
-        if observation.throughput <= 0:
-            return
-        slots = sum(s.workers * worker_cpu.get(s.name, 1.0) for s in observation.stages)
-        share = min(1.0, max(observation.host.cpus, 1.0) / max(slots, 1e-9))
-        total = sum(int(s.workers) for s in observation.stages)
-        for stage in observation.stages:
-            if stage.items_per_s <= 0:
-                continue
-            cost = worker_cpu.get(stage.name, 1.0)
-            capacity = stage.items_per_s / max(stage.busy_fraction, MIN_BUSY)
-            value = math.log(capacity * ((1.0 - cost) + cost / share))
-            points = self.points.setdefault(stage.name, {})
-            key = (int(stage.workers), total)
-            same = points.get(key)
-            if same is not None and abs(value - same[0]) > CHANGE:
-                points.clear()
-                self.fitted.pop(stage.name, None)
-                same = None
-            if same is None:
-                points[key] = [value, 1.0, float(self.step)]
-                if len(points) > COUNTS:
-                    del points[min(points, key=lambda k: points[k][2])]
-            else:
-                count = min(same[1] + 1.0, PER_COUNT)
-                same[0] += (value - same[0]) / count
-                same[1], same[2] = count, float(self.step)
-        self._dirty = True
+    @staticmethod
+    def _key(workers: int, total: int):
+        """What a point is kept by: the stage's workers and the pipeline's."""
+        return (workers, total)
 
     def usl(self) -> dict[str, tuple[float, float]]:
         """``{stage: (sigma, kappa)}`` of the stages that contention describes far better than

@@ -36,6 +36,14 @@ def web_worker(stack) -> psutil.Process:
     return workers[0]
 
 
+def held_count(stack, token: str) -> float:
+    scraped = httpx.get(
+        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    line = next(ln for ln in scraped.text.splitlines() if ln.startswith("intune_held_long_polls "))
+    return float(line.split()[1])
+
+
 def test_held_long_polls_cost_no_thread_and_are_all_answered_by_one_publish(stack):
     operator = stack.create_user("held-operator", role="operator")
     hosts = []
@@ -80,20 +88,9 @@ def test_held_long_polls_cost_no_thread_and_are_all_answered_by_one_publish(stac
             held_a = [asyncio.create_task(poll(host_a, token_a, 50)) for _ in range(HELD)]
             held_b = [asyncio.create_task(poll(host_b, token_b, 8)) for _ in range(OTHER)]
 
-            def all_held() -> bool:
-                scraped = httpx.get(
-                    f"{stack.url}/metrics",
-                    headers={"Authorization": f"Bearer {operator['token']}"}, timeout=10,
-                )  # fmt: skip
-                line = next(
-                    ln for ln in scraped.text.splitlines()
-                    if ln.startswith("intune_held_long_polls ")
-                )  # fmt: skip
-                return float(line.split()[1]) >= HELD + OTHER
-
             await asyncio.to_thread(
                 wait_until,
-                all_held,
+                lambda: held_count(stack, operator["token"]) >= HELD + OTHER,
                 30,
                 interval=0.3,
                 what=f"{HELD + OTHER} held long-polls in /metrics",
@@ -135,14 +132,6 @@ def test_held_long_polls_cost_no_thread_and_are_all_answered_by_one_publish(stac
     assert result["b_pending"] == OTHER
     assert [r.status_code for r in result["b"]] == [204] * OTHER
     assert result["b_elapsed"] >= 7.5
-
-
-def held_count(stack, token: str) -> float:
-    scraped = httpx.get(
-        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
-    )
-    line = next(ln for ln in scraped.text.splitlines() if ln.startswith("intune_held_long_polls "))
-    return float(line.split()[1])
 
 
 def test_a_poll_whose_client_has_gone_is_let_go(stack):

@@ -84,6 +84,20 @@ def _batch_insert_postgres() -> BatchInsertPostgres:
     )  # fmt: skip
 
 
+def _insert_on_postgres(host: Host, batch: dict, *, whole: bool = False) -> list[tuple]:
+    """A validated batch's samples, stage rows and host update in one statement."""
+    status = batch["allocation_status"]
+    return _batch_insert_postgres().run(
+        host.pk,
+        batch["samples"],
+        now=timezone.now(),
+        status=Host.Status.ONLINE,
+        applied_version=status["applied_version"] if status else None,
+        dropped=batch["dropped_samples"],
+        whole=whole,
+    )
+
+
 def store_usual_batch(host: Host, batch: dict) -> dict | None:
     """Store a validated batch as ``store_batch`` does, in ONE statement that is its own
     transaction (no BEGIN and COMMIT round trips around it), when it is the usual one: on
@@ -109,15 +123,7 @@ def store_usual_batch(host: Host, batch: dict) -> dict | None:
     ):
         return None
     try:
-        _batch_insert_postgres().run(
-            host.pk,
-            samples,
-            now=timezone.now(),
-            status=Host.Status.ONLINE,
-            applied_version=status["applied_version"] if status else None,
-            dropped=batch["dropped_samples"],
-            whole=True,
-        )
+        _insert_on_postgres(host, batch, whole=True)
     except WholeBatchRefused:
         return None
     if batch["dropped_samples"]:
@@ -151,17 +157,7 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
     lean = connection.vendor == "postgresql" and not generic
     if lean:
         # The samples, their stage rows and the host's update in one statement.
-        inserted = dict(
-            (seq, pk)
-            for pk, seq in _batch_insert_postgres().run(
-                host.pk,
-                samples,
-                now=timezone.now(),
-                status=Host.Status.ONLINE,
-                applied_version=status["applied_version"] if status else None,
-                dropped=batch["dropped_samples"],
-            )
-        )
+        inserted = dict((seq, pk) for pk, seq in _insert_on_postgres(host, batch))
     else:
         insert_samples, _ = _inserts()
         inserted = dict(
