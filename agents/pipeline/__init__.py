@@ -9,7 +9,7 @@ with Pipeline(range(1000), [Stage("square", lambda x: x * x, workers=2)]) as pip
     print(pipeline.metrics(), pipeline.consumer_stats())
 """
 
-from agents.pipeline.errors import AllocationError, LayoutBusy, StageFailed
+from agents.pipeline.errors import AllocationError, LayoutBusy, PipelineStalled, StageFailed
 from agents.pipeline.fusion import fuse, fuse_groups
 from agents.pipeline.pipeline import Pipeline
 from agents.pipeline.stage import Stage
@@ -18,6 +18,7 @@ __all__ = [
     "AllocationError",
     "LayoutBusy",
     "Pipeline",
+    "PipelineStalled",
     "Stage",
     "StageFailed",
     "fuse",

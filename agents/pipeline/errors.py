@@ -24,3 +24,8 @@ class StageFailed(RuntimeError):
 class LayoutBusy(AllocationError):
     """A layout change came while the previous one was still emptying the groups it replaced
     (a worker still in a long item); the pipeline kept the layout it runs."""
+
+
+class PipelineStalled(TimeoutError):
+    """No item reached the consumer within the pipeline's ``item_timeout_s``: a stage's
+    function (or the source) blocks. The message says where the items stand, stage by stage."""

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from agents.pipeline import shm
-from agents.pipeline.errors import AllocationError, LayoutBusy, StageFailed
+from agents.pipeline.errors import AllocationError, LayoutBusy, PipelineStalled, StageFailed
 from agents.pipeline.fusion import SEPARATOR, Span, boundaries, fuse, layout_spans
 from agents.pipeline.inbox import Inbox
 from agents.pipeline.pool import StagePool
@@ -64,6 +64,11 @@ class Pipeline:
     - ``stop_timeout_s``: how long ``stop()`` lets workers finish before it kills them.
     - ``layout``: which neighbouring stages run fused, as for ``fuse_groups``
       (``"read+parse,transform+collate"``); ``relayout()`` changes it live.
+    - ``item_timeout_s``: the longest the consumer waits for one item before the iterator
+      raises ``PipelineStalled`` (as DataLoader's ``timeout``); ``None`` (default) waits on.
+    - ``stall_warning_s``: while the consumer has waited this long for an item, and again
+      every as long, the pipeline logs a warning saying where the items stand, stage by stage
+      (a function that blocks forever is found in the log, not by attaching a debugger).
     """
 
     def __init__(
@@ -80,6 +85,8 @@ class Pipeline:
         max_item_retries: int = 2,
         stop_timeout_s: float = 2.0,
         layout: str | Iterable[str | list[str]] | None = None,
+        item_timeout_s: float | None = None,
+        stall_warning_s: float | None = 60.0,
     ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -98,6 +105,12 @@ class Pipeline:
             raise ValueError("process stages need os.fork (Linux or macOS); use kind='thread'")
         if max_item_retries < 0:
             raise ValueError(f"max_item_retries must be 0 or more, got {max_item_retries}")
+        for option, value in (
+            ("item_timeout_s", item_timeout_s),
+            ("stall_warning_s", stall_warning_s),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{option} must be above 0 (or None), got {value!r}")
         self.source = source
         # The stages as written; the layout groups neighbours of them into the stages that run.
         self.units = list(stages)
@@ -113,6 +126,8 @@ class Pipeline:
         self.keep_worker_heap = keep_worker_heap
         self.max_item_retries = max_item_retries
         self.stop_timeout_s = stop_timeout_s
+        self.item_timeout_s = item_timeout_s
+        self.stall_warning_s = stall_warning_s
         self.ordered = all(s.ordered for s in stages)
         self._boundaries: dict[int, Inbox] = {}  # the queue at each place the layout has one
         self._all_pools: list[StagePool] = []  # one per possible group, made before the fork
@@ -353,6 +368,8 @@ class Pipeline:
             yield item
 
     def _take(self) -> Any:
+        began = time.monotonic()
+        warn_at = self.stall_warning_s
         while True:
             try:
                 return self._ready.get(POLL_S, leave=lambda: self._stopped)
@@ -361,6 +378,31 @@ class Pipeline:
                     return _END
             except EOFError:
                 return _END
+            waited = time.monotonic() - began
+            if self.item_timeout_s is not None and waited >= self.item_timeout_s:
+                raise PipelineStalled(
+                    f"pipeline '{self.name}': no item for {waited:.1f} s (item_timeout_s="
+                    f"{self.item_timeout_s:g}); {self._where_items_stand()}"
+                )
+            if warn_at is not None and waited >= warn_at:
+                log.warning(
+                    "pipeline '%s': the consumer has waited %.0f s for an item; %s",
+                    self.name,
+                    waited,
+                    self._where_items_stand(),
+                )
+                warn_at += self.stall_warning_s
+
+    def _where_items_stand(self) -> str:
+        """Each stage's queue and workers, source to consumer: the stage that blocks is the
+        one whose queue is full (or holds items) while the queues after it are empty."""
+        parts = []
+        for pool in list(self._pools):
+            parts.append(
+                f"'{pool.stage.name}' {pool.inbox.qsize()} item(s) waiting, {pool.target} worker(s)"
+            )
+        parts.append(f"ready for the consumer {self._ready.qsize()}")
+        return "; ".join(parts)
 
     # ----------------------------------------------------------------- allocation
 
