@@ -25,9 +25,9 @@ from types import SimpleNamespace
 
 from django.db import DatabaseError, connection
 
-from webapp.ingestion.api.lean import LeanAgentRequest
 from webapp.jobs.api.allocation import after_and_wait
 from webapp.jobs.models import hash_agent_token
+from webapp.lean_requests import LeanAgentRequest
 from webapp.permissions import host_by_token_hash
 from webapp.throttles import AgentRateThrottle
 
