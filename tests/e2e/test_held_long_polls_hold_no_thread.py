@@ -36,6 +36,20 @@ def web_worker(stack) -> psutil.Process:
     return workers[0]
 
 
+def one_stage_host(stack, name: str) -> tuple[dict, int, dict, int]:
+    """A static one-stage job's host: its operator, id, agent headers and current version."""
+    operator = stack.create_user(f"{name}-operator", role="operator")
+    _, host, token = stack.register_job_and_host(
+        operator["token"],
+        {"name": name, "stages": [{"name": "read"}], "tuner": "static",
+         "decision_interval_s": 5},
+        {"name": f"{name}-host", "cpus": 4, "memory_mb": 8192},
+    )  # fmt: skip
+    headers = {"Authorization": f"Agent {token}"}
+    current = httpx.get(f"{stack.url}/api/v1/hosts/{host}/allocation/", headers=headers, timeout=10)
+    return operator, host, headers, current.json()["version"] if current.status_code == 200 else 0
+
+
 def held_count(stack, token: str) -> float:
     scraped = httpx.get(
         f"{stack.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
@@ -139,16 +153,7 @@ def test_a_poll_whose_client_has_gone_is_let_go(stack):
     the server lets the poll go at once rather than holding it, and counting it, to the end of
     its wait. Under overload agents time out and re-arm, and each dead poll held would be one
     more held for every agent."""
-    operator = stack.create_user("gone-operator", role="operator")
-    _, host, token = stack.register_job_and_host(
-        operator["token"],
-        {"name": "gone", "stages": [{"name": "read"}], "tuner": "static",
-         "decision_interval_s": 5},
-        {"name": "gone-host", "cpus": 4, "memory_mb": 8192},
-    )  # fmt: skip
-    headers = {"Authorization": f"Agent {token}"}
-    current = httpx.get(f"{stack.url}/api/v1/hosts/{host}/allocation/", headers=headers, timeout=10)
-    after = current.json()["version"] if current.status_code == 200 else 0
+    operator, host, headers, after = one_stage_host(stack, "gone")
     before = held_count(stack, operator["token"])
     polls = 20
 
@@ -186,17 +191,8 @@ def test_a_stopping_worker_answers_its_held_polls_at_once(stack):
     """SIGTERM to the web worker (gunicorn replacing it, or the service stopping): its held
     long-polls answer 204 at once instead of holding the worker for their whole wait, and the
     agents re-arm on the worker gunicorn starts in its place."""
-    operator = stack.create_user("stop-operator", role="operator")
-    _, host, token = stack.register_job_and_host(
-        operator["token"],
-        {"name": "stopping", "stages": [{"name": "read"}], "tuner": "static",
-         "decision_interval_s": 5},
-        {"name": "stopping-host", "cpus": 4, "memory_mb": 8192},
-    )  # fmt: skip
+    _, host, headers, after = one_stage_host(stack, "stopping")
     worker = web_worker(stack)
-    headers = {"Authorization": f"Agent {token}"}
-    current = httpx.get(f"{stack.url}/api/v1/hosts/{host}/allocation/", headers=headers, timeout=10)
-    after = current.json()["version"] if current.status_code == 200 else 0
 
     async def scenario():
         async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:

@@ -8,12 +8,11 @@ pool, its Redis subscription and the database are real (transactional tests).
 """
 
 import asyncio
-import threading
 import time
 
 import pytest
-from django.db import connection
 
+from tests.support.asgi_fronts import close_front_pool
 from webapp.agent_asgi import AgentFront
 from webapp.jobs.api import lean
 from webapp.jobs.services import create_allocation
@@ -100,15 +99,7 @@ class Fronts:
     def close(self) -> None:
         for front in self.fronts:
             self.loop.run_until_complete(front.waker.stop())
-            barrier = threading.Barrier(front.pool._max_workers)
-
-            def close(barrier=barrier):
-                barrier.wait(timeout=10)
-                connection.close()
-
-            for future in [front.pool.submit(close) for _ in range(front.pool._max_workers)]:
-                future.result(timeout=20)
-            front.pool.shutdown(wait=True)
+            close_front_pool(front)
         self.loop.close()
 
 

@@ -9,13 +9,12 @@ tests: the pool's threads have connections of their own).
 
 import asyncio
 import json
-import threading
 
 import pytest
-from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.asgi_fronts import close_front_pool
 from webapp.agent_asgi import AgentFront
 from webapp.ingestion.api import lean
 from webapp.ingestion.models import HostSample, StageSample
@@ -75,16 +74,7 @@ class Fronts:
 
     def close(self) -> None:
         for front in (self.lean, self.django):
-            # Each pool thread keeps its database connection (lean.py): close them all.
-            barrier = threading.Barrier(front.pool._max_workers)
-
-            def close(barrier=barrier):
-                barrier.wait(timeout=10)
-                connection.close()
-
-            for future in [front.pool.submit(close) for _ in range(front.pool._max_workers)]:
-                future.result(timeout=20)
-            front.pool.shutdown(wait=True)
+            close_front_pool(front)  # each pool thread keeps its database connection (lean.py)
         self.loop.close()
 
 
