@@ -98,6 +98,23 @@ def _insert_on_postgres(host: Host, batch: dict, *, whole: bool = False) -> list
     )
 
 
+def _status_changes(host: Host, status: dict | None) -> bool:
+    """Whether a batch's allocation status is news to record: a newer version applied, or a
+    refusal (rare: once per new allocation)."""
+    return bool(
+        status and ((status["applied_version"] or 0) > host.applied_version or status["refused"])
+    )
+
+
+def _log_dropped(host: Host, batch: dict) -> None:
+    if batch["dropped_samples"]:
+        log.warning(
+            "host %s dropped %s samples while the control plane was away",
+            host.pk,
+            batch["dropped_samples"],
+        )
+
+
 def store_usual_batch(host: Host, batch: dict) -> dict | None:
     """Store a validated batch as ``store_batch`` does, in ONE statement that is its own
     transaction (no BEGIN and COMMIT round trips around it), when it is the usual one: on
@@ -115,10 +132,7 @@ def store_usual_batch(host: Host, batch: dict) -> dict | None:
         connection.vendor != "postgresql"
         or connection.in_atomic_block
         or not samples
-        or (
-            status
-            and ((status["applied_version"] or 0) > host.applied_version or status["refused"])
-        )
+        or _status_changes(host, status)
         or any(s.get("rank_rows") for s in samples)
     ):
         return None
@@ -126,12 +140,7 @@ def store_usual_batch(host: Host, batch: dict) -> dict | None:
         _insert_on_postgres(host, batch, whole=True)
     except WholeBatchRefused:
         return None
-    if batch["dropped_samples"]:
-        log.warning(
-            "host %s dropped %s samples while the control plane was away",
-            host.pk,
-            batch["dropped_samples"],
-        )
+    _log_dropped(host, batch)
     return {
         "stored": len(samples),
         "duplicates": 0,
@@ -151,7 +160,7 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
     # some (a resent batch: rare) are those read back, to tell a resend from a reuse.
     samples = batch["samples"]
     status = batch["allocation_status"]
-    if status and ((status["applied_version"] or 0) > host.applied_version or status["refused"]):
+    if _status_changes(host, status):
         # Rare (once per new allocation): lock the host so concurrent reports apply in order.
         record_allocation_status(Host.objects.select_for_update().get(pk=host.pk), status)
     lean = connection.vendor == "postgresql" and not generic
@@ -194,12 +203,7 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
     ]
     if rank_rows:  # multi-rank hosts only: each rank's trainer (DDP waits for the slowest)
         RankSample.objects.bulk_create(rank_rows)
-    if batch["dropped_samples"]:
-        log.warning(
-            "host %s dropped %s samples while the control plane was away",
-            host.pk,
-            batch["dropped_samples"],
-        )
+    _log_dropped(host, batch)
     if not lean:
         _update_host(host, batch)
     return {
