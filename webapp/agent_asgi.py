@@ -36,6 +36,7 @@ from webapp.ingestion.api import lean
 from webapp.jobs.api import lean as lean_allocation
 from webapp.jobs.api.allocation import HOLD_KEY, render_newer_allocation
 from webapp.metrics.instruments import held_long_poll
+from webapp.pubsub import CONNECTION_OPTIONS as REDIS_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,7 @@ class AllocationWaker:
     async def _listen(self) -> None:
         pattern = f"{settings.REDIS_KEY_PREFIX}:host:*:allocation"
         while not self.closing:
-            client = redis.asyncio.Redis.from_url(
-                settings.REDIS_CLIENT_URL, socket_connect_timeout=2, health_check_interval=30
-            )
+            client = redis.asyncio.Redis.from_url(settings.REDIS_CLIENT_URL, **REDIS_OPTIONS)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.psubscribe(pattern)

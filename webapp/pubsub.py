@@ -18,6 +18,9 @@ _pool: redis.ConnectionPool | None = None
 # request thread in publish() or ping() without a bound. A pub/sub wait passes its own
 # timeout, which this does not shorten.
 SOCKET_TIMEOUT_S = 2.0
+# Every Redis client of the web app: a connection attempt bounded, an idle connection checked
+# before it is used again (the agents' ASGI front's subscription takes these too).
+CONNECTION_OPTIONS = {"socket_connect_timeout": 2, "health_check_interval": 30}
 
 
 def client() -> redis.Redis:
@@ -26,10 +29,7 @@ def client() -> redis.Redis:
     with _pool_lock:
         if _pool is None:
             _pool = redis.ConnectionPool.from_url(
-                settings.REDIS_CLIENT_URL,
-                socket_connect_timeout=2,
-                socket_timeout=SOCKET_TIMEOUT_S,
-                health_check_interval=30,
+                settings.REDIS_CLIENT_URL, socket_timeout=SOCKET_TIMEOUT_S, **CONNECTION_OPTIONS
             )
     return redis.Redis(connection_pool=_pool)
 
