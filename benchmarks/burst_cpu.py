@@ -28,20 +28,19 @@ from pathlib import Path
 import psutil
 
 from benchmarks.ingestion_host import STAGES, batch_maker, setup_django
+from benchmarks.loadgen import cpu_of
 
 
 def backends_cpu(database: str) -> float:
     """CPU seconds so far of the PostgreSQL backends serving ``database`` (live ones)."""
-    total = 0.0
-    for process in psutil.process_iter(["name", "cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or ())
-        if (process.info["name"] or "").startswith("postgres") and f" {database} " in cmdline:
-            try:
-                times = process.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
-    return total
+    return cpu_of(
+        [
+            process
+            for process in psutil.process_iter(["name", "cmdline"])
+            if (process.info["name"] or "").startswith("postgres")
+            and f" {database} " in " ".join(process.info["cmdline"] or ())
+        ]
+    )
 
 
 async def request(front, method: str, url: str, token: str, query: bytes, body: bytes) -> int:

@@ -369,7 +369,7 @@ def run(
     if on_start is not None:
         on_start()
     watched = list(server_processes()) if server_processes else []
-    server_cpu = _cpu_of(watched)
+    server_cpu = cpu_of(watched)
     started = time.monotonic()
     for w in workers:
         w.start()
@@ -377,7 +377,7 @@ def run(
     for w in workers:
         w.join(timeout=30)
     elapsed = time.monotonic() - started
-    server_cpu = _cpu_of(watched) - server_cpu
+    server_cpu = cpu_of(watched) - server_cpu
     load_average = [round(x, 2) for x in os.getloadavg()]
     latencies = sorted(lat for r in results for lat in r["latencies"])
     errors = [e for r in results for e in r["errors"]]
@@ -435,7 +435,7 @@ def run(
     }
 
 
-def _cpu_of(processes: list[psutil.Process]) -> float:
+def cpu_of(processes: list[psutil.Process]) -> float:
     """User and system CPU seconds of ``processes`` so far (0 for one that has gone)."""
     total = 0.0
     for process in processes:
