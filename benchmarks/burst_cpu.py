@@ -27,7 +27,12 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.ingestion_host import STAGES, batch_maker, setup_django
+from benchmarks.ingestion_host import (
+    batch_maker,
+    postgres_database,
+    register_hosts,
+    setup_django,
+)
 from benchmarks.loadgen import cpu_of
 
 
@@ -87,30 +92,21 @@ def main(argv: list[str] | None = None) -> int:
         "--samples", type=int, default=5, help="samples a batch (1: a request per sample)"
     )
     parser.add_argument("--no-rearm", action="store_true", help="batches only, no re-arms")
+    parser.add_argument(
+        "--variants", default="before,rearm-lean,shipped", help="comma-separated, in this order"
+    )
     args = parser.parse_args(argv)
 
     setup_django(Path(tempfile.mkdtemp(prefix="intune-burst-bench-")))
-    from django.conf import settings
-    from django.contrib.auth.models import User
-
     from webapp.agent_asgi import AgentFront
     from webapp.ingestion import services
     from webapp.jobs.api import lean as lean_allocation
-    from webapp.jobs.services import register_host, register_job
 
-    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        parser.error("DATABASE_URL must name a PostgreSQL database on this machine")
-    database = settings.DATABASES["default"]["NAME"]
-    user = User.objects.create_user(f"burst-{time.time_ns()}")
-    job = register_job(
-        user=user, name=f"burst-{time.time_ns()}", stages=[{"name": s} for s in STAGES]
-    )
-    hosts = []
-    for i in range(args.agents):
-        host, token = register_host(
-            job=job, user=user, name=f"h{i}", cpus=8, memory_mb=16384, worker_budget=None
-        )
-        hosts.append((host.pk, token, batch_maker(samples=args.samples)))
+    database = postgres_database(parser.error)
+    hosts = [
+        (host.pk, token, batch_maker(samples=args.samples))
+        for host, token in register_hosts(args.agents, prefix="burst")
+    ]
 
     async def django(scope, receive, send):
         raise AssertionError(f"not an agent's request: {scope['path']}")
@@ -124,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         "rearm-lean": (lean_poll, None),
         "shipped": (lean_poll, one_statement),
     }
+    chosen = args.variants.split(",")
+    unknown = [name for name in chosen if name not in variants]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(variants)}")
+    variants = {name: variants[name] for name in chosen}
     loop = asyncio.new_event_loop()
 
     async def burst() -> list[int]:

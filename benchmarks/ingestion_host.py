@@ -44,20 +44,41 @@ class AgentHost:
     url: str
 
 
-def register_agent_host(stages: list[str] = STAGES) -> AgentHost:
-    """Register a job of ``stages`` and an 8-CPU host (after :func:`setup_django`)."""
+def register_hosts(count: int, prefix: str = "bench", stages: list[str] = STAGES) -> list:
+    """A job of ``stages`` and ``count`` 8-CPU hosts of its own user (after
+    :func:`setup_django`): ``[(host, agent token), ...]``."""
     from django.contrib.auth.models import User
-    from rest_framework.test import APIClient
 
     from webapp.jobs.services import register_host, register_job
 
-    user = User.objects.create_user(f"bench-{time.time_ns()}")
+    user = User.objects.create_user(f"{prefix}-{time.time_ns()}")
     job = register_job(
-        user=user, name=f"bench-{time.time_ns()}", stages=[{"name": s} for s in stages]
+        user=user, name=f"{prefix}-{time.time_ns()}", stages=[{"name": s} for s in stages]
     )
-    host, token = register_host(
-        job=job, user=user, name="bench-host", cpus=8, memory_mb=16384, worker_budget=None
-    )
+    return [
+        register_host(
+            job=job, user=user, name=f"{prefix}-host-{i}", cpus=8, memory_mb=16384,
+            worker_budget=None,
+        )
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def postgres_database(error: Callable[[str], Any]) -> str:
+    """The name of Django's database; ``error`` is called unless it is PostgreSQL (the CPU of
+    its backends is what these benchmarks measure)."""
+    from django.conf import settings
+
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        error("DATABASE_URL must name a PostgreSQL database on this machine")
+    return settings.DATABASES["default"]["NAME"]
+
+
+def register_agent_host(stages: list[str] = STAGES) -> AgentHost:
+    """Register a job of ``stages`` and an 8-CPU host (after :func:`setup_django`)."""
+    from rest_framework.test import APIClient
+
+    [(host, token)] = register_hosts(1, stages=stages)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Agent {token}")
     return AgentHost(host, token, client, f"/api/v1/hosts/{host.pk}/metrics/")

@@ -37,6 +37,7 @@ from webapp.jobs.api import lean as lean_allocation
 from webapp.jobs.api.allocation import HOLD_KEY, render_newer_allocation
 from webapp.metrics.instruments import held_long_poll
 from webapp.pubsub import CONNECTION_OPTIONS as REDIS_OPTIONS
+from webapp.pubsub import SOCKET_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,13 @@ MAX_REQUEST_LINE = 4094
 # While the Redis subscription is down, a held long-poll re-reads the database this often, so
 # that a version published meanwhile reaches the agent without waiting out its whole period.
 DEGRADED_RECHECK_S = 5.0
+# The subscription pings Redis when it has heard nothing for this long, and takes itself down
+# (held long-polls degraded, a new subscription tried) when it has heard nothing for the limit:
+# a Redis that accepts connections and then stalls is noticed within about 5 s. The pings cost
+# one round trip per process every 2 s while no allocation is published.
+SUBSCRIPTION_PING_S = 2.0
+SUBSCRIPTION_SILENCE_LIMIT_S = 5.0
+PING_MESSAGE = "intune-allocation-subscription"
 
 
 class AllocationWaker:
@@ -97,39 +105,74 @@ class AllocationWaker:
     async def _listen(self) -> None:
         pattern = f"{settings.REDIS_KEY_PREFIX}:host:*:allocation"
         while not self.closing:
-            client = redis.asyncio.Redis.from_url(settings.REDIS_CLIENT_URL, **REDIS_OPTIONS)
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            # socket_timeout bounds the connection's handshake and every write; the reads below
+            # pass their own timeouts.
+            client = redis.asyncio.Redis.from_url(
+                settings.REDIS_CLIENT_URL, socket_timeout=SOCKET_TIMEOUT_S, **REDIS_OPTIONS
+            )
+            pubsub = client.pubsub()
             try:
-                await pubsub.psubscribe(pattern)
-                self.connected = True
-                # Versions published while the subscription was down were missed: every held
-                # long-poll reads the database again.
-                self.wake_all()
-                while True:
-                    message = await pubsub.get_message(timeout=10.0)
-                    if message is None or message.get("type") != "pmessage":
-                        continue
-                    try:
-                        host_id = int(message["channel"].rsplit(b":", 2)[-2])
-                    except (ValueError, IndexError):
-                        continue
-                    self.wake(host_id)
-            except (redis.RedisError, OSError) as exc:
+                await self._subscribed(pubsub, pattern)
+            except (redis.RedisError, OSError, TimeoutError) as exc:
                 if self.connected:
                     log.warning(
                         "allocation subscription lost (%s); held long-polls re-read "
                         "the database every %g s until it is back",
-                        exc,
+                        str(exc) or type(exc).__name__,
                         DEGRADED_RECHECK_S,
                     )
             finally:
-                self.connected = False
+                if self.connected:
+                    self.connected = False
+                    # Held long-polls waiting on the subscription re-read the database now, and
+                    # (not connected) every DEGRADED_RECHECK_S after.
+                    self.wake_all()
                 try:
-                    await pubsub.aclose()
-                    await client.aclose()
-                except (redis.RedisError, OSError):
+                    async with asyncio.timeout(SOCKET_TIMEOUT_S):
+                        await pubsub.aclose()
+                        await client.aclose()
+                except (redis.RedisError, OSError, TimeoutError):
                     pass
             await asyncio.sleep(1.0)
+
+    async def _subscribed(self, pubsub, pattern: str) -> None:
+        """Subscribe and wake held long-polls until the subscription ends (an error) or Redis
+        says nothing for SUBSCRIPTION_SILENCE_LIMIT_S though pinged (TimeoutError).
+
+        A server that accepts the connection and then stalls says nothing, and a read with a
+        timeout cannot tell that from a quiet night: hence the pings. redis-py's own health
+        check sends one but hides its answer, so this sends its own, and counts any word
+        from Redis (a message, a confirmation, a pong) as a sign of life."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(SUBSCRIPTION_SILENCE_LIMIT_S):
+            await pubsub.psubscribe(pattern)
+        heard = pinged = loop.time()
+        while True:
+            now = loop.time()
+            if now - heard > SUBSCRIPTION_SILENCE_LIMIT_S:
+                raise TimeoutError(f"Redis said nothing for {now - heard:.1f} s, though pinged")
+            if now - max(heard, pinged) >= SUBSCRIPTION_PING_S:
+                async with asyncio.timeout(SOCKET_TIMEOUT_S):
+                    await pubsub.ping(PING_MESSAGE)
+                pinged = now
+            async with asyncio.timeout(SUBSCRIPTION_SILENCE_LIMIT_S):  # a reconnect's too
+                message = await pubsub.get_message(timeout=SUBSCRIPTION_PING_S / 2)
+            if message is None:
+                continue
+            heard = loop.time()
+            kind = message.get("type")
+            if kind == "psubscribe" and not self.connected:
+                self.connected = True
+                # Versions published while the subscription was down were missed: every held
+                # long-poll reads the database again, now that Redis confirmed the subscription.
+                self.wake_all()
+            if kind != "pmessage":
+                continue
+            try:
+                host_id = int(message["channel"].rsplit(b":", 2)[-2])
+            except (ValueError, IndexError):
+                continue
+            self.wake(host_id)
 
 
 def wsgi_environ(scope: dict, body: bytes) -> dict:
@@ -320,6 +363,19 @@ class AgentFront:
                         return
                     gone = asyncio.ensure_future(receive())
                 if self.waker.closing:
+                    break
+                if (
+                    not future.done()
+                    and connected
+                    and self.waker.connected
+                    and loop.time() >= deadline
+                ):
+                    # Its wait is over and nothing woke it, with the subscription up from the
+                    # read (or the last wake) to now: no version was published meanwhile (a
+                    # subscription that came back wakes every future), so the database is not
+                    # read again. A fleet in step times out all its long-polls in one instant,
+                    # beside its batches; that read was 13% of such a burst's web CPU
+                    # (py-spy, benchmarks/burst_cpu.py).
                     break
                 self.waker.discard(host_id, future)
                 future = self.waker.register(host_id)

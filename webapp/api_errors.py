@@ -9,6 +9,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from webapp.database_guard import RETRY_AFTER_S, unavailable_detail
+
 log = logging.getLogger(__name__)
 
 
@@ -54,9 +56,9 @@ def json_exception_handler(exc, context):
             (str(exc).splitlines() or [""])[0][:200],
         )
         return Response(
-            {"detail": "the database is unavailable; retry shortly"},
+            {"detail": unavailable_detail(exc)},
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
-            headers={"Retry-After": "5"},
+            headers={"Retry-After": RETRY_AFTER_S},
         )
     return None
 

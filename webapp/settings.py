@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from agents import protocol
 
@@ -96,6 +97,37 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # requests fail fast with a 503 instead of hanging.
         "timeout": envfloat("INTUNE_DB_POOL_TIMEOUT_S", 3.0),
     }
+    # Row locks are waited for a bounded time. A transaction that holds a row and never ends (a
+    # Celery tuning step frozen in create_allocation with its host row locked, a web thread
+    # stuck mid-request) otherwise held every request locking or updating that row (an
+    # override, a batch reporting a new allocation status, the batch's host update) forever.
+    # Past the bound the statement fails with SQLSTATE 55P03 and the request answers 503 with
+    # Retry-After, naming the lock (webapp/database_guard.py); a tuning step retries. A
+    # transaction left idle that long (its client stopped, swapping, SIGSTOPped) is ended by
+    # the server, so the lock it held is released: no InTune transaction waits on its client
+    # for more than milliseconds (a tuning step's decision runs in its transaction: under 5 ms,
+    # benchmarks/decision_time.py; pretraining runs outside one).
+    DB_LOCK_TIMEOUT_S = envfloat("INTUNE_DB_LOCK_TIMEOUT_S", 5.0)
+    DB_IDLE_IN_TRANSACTION_TIMEOUT_S = envfloat("INTUNE_DB_IDLE_IN_TRANSACTION_TIMEOUT_S", 60.0)
+    for _name, _value in (
+        ("INTUNE_DB_LOCK_TIMEOUT_S", DB_LOCK_TIMEOUT_S),
+        ("INTUNE_DB_IDLE_IN_TRANSACTION_TIMEOUT_S", DB_IDLE_IN_TRANSACTION_TIMEOUT_S),
+    ):
+        if _value <= 0:
+            raise ImproperlyConfigured(
+                f"{_name}={_value:g} would let a request wait forever: give a bound in seconds"
+            )
+    DATABASES["default"]["OPTIONS"]["options"] = " ".join(
+        filter(
+            None,
+            (
+                DATABASES["default"]["OPTIONS"].get("options"),  # the URL's own, if any
+                f"-c lock_timeout={round(DB_LOCK_TIMEOUT_S * 1000)}",
+                "-c idle_in_transaction_session_timeout="
+                f"{round(DB_IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)}",
+            ),
+        )
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web threads, Celery) write to one file: WAL lets readers go on while one
     # writes, and IMMEDIATE transactions queue writers on the busy timeout instead of failing.

@@ -2,13 +2,13 @@
 network that drops its packets) holds no request of the web app without a bound: publishing
 an allocation, the health check and an agent's long-poll each return within a few seconds."""
 
-import socket
 import threading
 import time
 
 import pytest
 from django.conf import settings
 
+from tests.support.stalling_tcp import StallingServer
 from webapp import pubsub
 
 BOUND_S = 15.0  # the socket timeout (2 s) times redis-py's retries, with room for a busy CPU
@@ -17,29 +17,12 @@ BOUND_S = 15.0  # the socket timeout (2 s) times redis-py's retries, with room f
 @pytest.fixture
 def stalled_redis():
     """A TCP server that accepts every connection and never says a word."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept():
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
+    server = StallingServer()
     before = settings.REDIS_CLIENT_URL
-    settings.REDIS_CLIENT_URL = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    settings.REDIS_CLIENT_URL = server.url()
     pubsub._pool = None
-    yield accepted
-    stop.set()
-    thread.join(5)
-    for conn in accepted:
-        conn.close()
-    listener.close()
+    yield server.accepted
+    server.close()
     settings.REDIS_CLIENT_URL = before
     pubsub._pool = None
 

@@ -38,7 +38,7 @@ def test_a_held_poll_is_woken_by_a_publish(live_server, job_and_host):
     started = time.monotonic()
     response = poll(live_server, host, token, after=1, wait=30)
     elapsed = time.monotonic() - started
-    timer.join()
+    timer.join(timeout=10)
     assert response.status_code == 200
     assert response.json()["version"] == 2 and response.json()["workers"]["read"] == 2
     assert 0.8 < elapsed < 5, f"answered after {elapsed:.2f} s; a publish should wake it at once"

@@ -32,7 +32,8 @@ def test_four_copies_of_a_batch_at_once_store_it_once_and_all_succeed(job_and_ho
     for copy in copies:
         copy.start()
     for copy in copies:
-        copy.join()
+        copy.join(timeout=60)
+    assert not any(copy.is_alive() for copy in copies), "a copy of the batch never finished"
     assert errors == []
     assert len(answers) == 4
     assert sum(a["stored"] for a in answers) == 200  # each sample stored by exactly one copy

@@ -11,40 +11,64 @@ from collections.abc import Mapping
 MAX_SEQ = 2**63 - 1
 #: Most local ranks of one host (training processes on its accelerators).
 MAX_RANKS = 1024
+_INF = math.inf
 
 
 class BatchError(ValueError):
     """A batch the control plane refuses; the message says where and why."""
 
 
-def _number(value, where: str, *, low: float | None = 0.0, high: float | None = None) -> float:
+def _number(
+    value, where: str, key: str = "", *, low: float | None = 0.0, high: float | None = None
+) -> float:
+    """``value`` as a float, or BatchError naming ``where`` (``where.key`` when a key is
+    given: the place is formatted only for the error, since a batch has hundreds of numbers)."""
+    # The usual value first, in one test: a finite number within the bounds (NaN and the
+    # infinities fail the chained comparison). Anything else takes the checks below, which say
+    # what is wrong. Validation was a quarter of a batch's web CPU (cProfile: 365 calls of this
+    # a batch of 5 samples x 8 stages), mostly these calls and the places formatted for them.
+    if (
+        (type(value) is float or type(value) is int)
+        and -_INF < value < _INF
+        and (low is None or value >= low)
+        and (high is None or value <= high)
+    ):
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BatchError(f"{where}: must be a number, got {type(value).__name__}")
+        raise BatchError(f"{_place(where, key)}: must be a number, got {type(value).__name__}")
     if not math.isfinite(value):
-        raise BatchError(f"{where}: must be finite, got {value}")
+        raise BatchError(f"{_place(where, key)}: must be finite, got {value}")
     if low is not None and value < low:
-        raise BatchError(f"{where}: must be at least {low:g}, got {value:g}")
+        raise BatchError(f"{_place(where, key)}: must be at least {low:g}, got {value:g}")
     if high is not None and value > high:
-        raise BatchError(f"{where}: must be at most {high:g}, got {value:g}")
+        raise BatchError(f"{_place(where, key)}: must be at most {high:g}, got {value:g}")
     return float(value)
 
 
-def _integer(value, where: str, *, low: int = 0, high: int = MAX_SEQ) -> int:
+def _integer(value, where: str, key: str = "", *, low: int = 0, high: int = MAX_SEQ) -> int:
+    if type(value) is int and low <= value <= high:
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BatchError(f"{where}: must be an integer, got {value!r}"[:300])
+        raise BatchError(f"{_place(where, key)}: must be an integer, got {value!r}"[:300])
     if not low <= value <= high:
-        raise BatchError(f"{where}: must be between {low} and {high}, got {value}")
+        raise BatchError(f"{_place(where, key)}: must be between {low} and {high}, got {value}")
     return value
+
+
+def _place(where: str, key: str) -> str:
+    return f"{where}.{key}" if key else where
 
 
 def _optional(section: Mapping, key: str, where: str, **bounds) -> float | None:
     value = section.get(key)
-    return None if value is None else _number(value, f"{where}.{key}", **bounds)
+    return None if value is None else _number(value, where, key, **bounds)
 
 
-def _object(value, where: str) -> Mapping:
+def _object(value, where: str, key: str = "") -> Mapping:
+    if type(value) is dict:
+        return value
     if not isinstance(value, Mapping):
-        raise BatchError(f"{where}: must be an object")
+        raise BatchError(f"{_place(where, key)}: must be an object")
     return value
 
 
@@ -57,9 +81,9 @@ def validate_stage(raw, where: str, stage_names: set[str]) -> dict:
         )
     return {
         "stage": name,
-        "workers": _integer(raw.get("workers"), f"{where}.workers", low=1, high=100_000),
-        "items_per_s": _number(raw.get("items_per_s"), f"{where}.items_per_s"),
-        "busy_fraction": _number(raw.get("busy_fraction"), f"{where}.busy_fraction", high=1.0),
+        "workers": _integer(raw.get("workers"), where, "workers", low=1, high=100_000),
+        "items_per_s": _number(raw.get("items_per_s"), where, "items_per_s"),
+        "busy_fraction": _number(raw.get("busy_fraction"), where, "busy_fraction", high=1.0),
         "in_queue": _optional(raw, "in_queue", where) or 0.0,
         "out_queue": _optional(raw, "out_queue", where) or 0.0,
         "queue_capacity": _optional(raw, "queue_capacity", where) or 0.0,
@@ -74,7 +98,7 @@ def validate_rank(raw, where: str, ranks: int, stage_names: set[str]) -> dict:
     raw = _object(raw, where)
     workers = raw.get("workers")
     if workers is not None:
-        workers = _object(workers, f"{where}.workers")
+        workers = _object(workers, where, "workers")
         unknown = sorted(set(workers) - stage_names)
         if unknown:
             raise BatchError(
@@ -86,9 +110,9 @@ def validate_rank(raw, where: str, ranks: int, stage_names: set[str]) -> dict:
             for name, count in workers.items()
         }
     return {
-        "rank": _integer(raw.get("rank"), f"{where}.rank", high=ranks - 1),
-        "throughput": _number(raw.get("throughput"), f"{where}.throughput", high=1e12),
-        "idle_fraction": _number(raw.get("idle_fraction"), f"{where}.idle_fraction", high=1.0),
+        "rank": _integer(raw.get("rank"), where, "rank", high=ranks - 1),
+        "throughput": _number(raw.get("throughput"), where, "throughput", high=1e12),
+        "idle_fraction": _number(raw.get("idle_fraction"), where, "idle_fraction", high=1.0),
         "step_ms": _optional(raw, "step_ms", where, high=1e9),
         "wait_ms": _optional(raw, "wait_ms", where, high=1e9),
         "workers": workers,
@@ -117,8 +141,8 @@ def validate_ranks(raw: Mapping, host: Mapping, where: str, stage_names: set[str
 
 def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
     raw = _object(raw, where)
-    host = _object(raw.get("host"), f"{where}.host")
-    trainer = _object(raw.get("trainer"), f"{where}.trainer")
+    host = _object(raw.get("host"), where, "host")
+    trainer = _object(raw.get("trainer"), where, "trainer")
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, list):
         raise BatchError(f"{where}.stages: must be a list with one entry per stage")
@@ -148,11 +172,11 @@ def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
     allocation_version = raw.get("allocation_version")
     ranks, rank_rows = validate_ranks(raw, host, where, stage_names)
     return {
-        "seq": _integer(raw.get("seq"), f"{where}.seq"),
-        "ts": _number(raw.get("ts"), f"{where}.ts", low=0.0, high=1e11),
+        "seq": _integer(raw.get("seq"), where, "seq"),
+        "ts": _number(raw.get("ts"), where, "ts", low=0.0, high=1e11),
         "allocation_version": None
         if allocation_version is None
-        else _integer(allocation_version, f"{where}.allocation_version", high=2**31 - 1),
+        else _integer(allocation_version, where, "allocation_version", high=2**31 - 1),
         "cpus": _number(host.get("cpus"), f"{where}.host.cpus", low=0.01, high=1e5),
         "cpu_percent": _number(host.get("cpu_percent"), f"{where}.host.cpu_percent", high=100.0),
         "per_cpu_percent": per_cpu,

@@ -35,6 +35,7 @@ from django.http import HttpRequest, HttpResponse
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
 
+from webapp.database_guard import RETRY_AFTER_S, unavailable_detail, waited_out_a_lock
 from webapp.ingestion import services
 from webapp.ingestion.validation import BatchError, validate_batch
 from webapp.jobs.models import hash_agent_token
@@ -124,7 +125,9 @@ class LeanBatchPost(LeanAgentRequest):
                 return None  # rolled back; Django's view answers 409 or 400 in its own words
             except DatabaseError as exc:
                 connection.close()
-                if attempt == 1 and kept:
+                # A lock waited out is not a dead kept connection: trying again would wait
+                # the whole lock timeout a second time.
+                if attempt == 1 and kept and not waited_out_a_lock(exc):
                     continue
                 return self._unavailable(exc, secure)
         content = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
@@ -160,9 +163,9 @@ class LeanBatchPost(LeanAgentRequest):
             type(exc).__name__,
             (str(exc).splitlines() or [""])[0][:200],
         )
-        content = b'{"detail":"the database is unavailable; retry shortly"}'
+        content = json.dumps({"detail": unavailable_detail(exc)}, separators=(",", ":")).encode()
         observe_batch(503, 0, 0.0)
-        return 503, [*self._headers(content, secure), ("Retry-After", "5")], content
+        return 503, [*self._headers(content, secure), ("Retry-After", RETRY_AFTER_S)], content
 
     def _headers(self, content: bytes, secure: bool) -> list[tuple[str, str]]:
         security = self._security.get(secure)
