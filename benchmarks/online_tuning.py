@@ -71,6 +71,7 @@ from rich.progress import track
 from rich.table import Table
 
 from agents.budget import cpu_slots
+from agents.pipeline import consume_until
 from agents.pipeline.loading import build
 from tests.support.live_stack import ROOT, LiveStack
 from webapp.stack.supervisor import wait_until
@@ -182,12 +183,7 @@ def exhaustive(
         ]
     stop = threading.Event()
 
-    def drain():
-        for _ in pipeline:
-            if stop.is_set():
-                return
-
-    consumer = threading.Thread(target=drain, daemon=True)
+    consumer = threading.Thread(target=consume_until, args=(pipeline, stop), daemon=True)
     consumer.start()
     results = []
 

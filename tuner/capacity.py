@@ -86,6 +86,13 @@ class CapacityFit:
                 same[1], same[2] = count, float(self.step)
         self._dirty = True
 
+    def forget(self) -> None:
+        """Drop every point and fit: the host's load changed under them (a co-tenant), and
+        points from before and after would read the change as the stages' own scaling."""
+        self.points.clear()
+        self.fitted.clear()
+        self._dirty = False
+
     @staticmethod
     def _key(workers: int, total: int):
         """What a point is kept by: the stage's own workers."""

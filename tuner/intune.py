@@ -22,6 +22,7 @@ import torch.nn.functional as functional
 from agents.budget import WorkerCpuMeter
 from tuner.actions import EncodedState, encode, estimated_capacity, measure_worker_cpu
 from tuner.capacity import CapacityFit, HostContentionFit
+from tuner.incumbent import MOVE_SIGMAS, PROBE_SIGMAS, MeasuredAllocations, Z, allocation_key
 from tuner.memory import MemoryEstimator
 from tuner.observation import Decision, Observation
 from tuner.qnetwork import QNetwork
@@ -86,6 +87,11 @@ class IntuneConfig:
     capacity_fit: bool = True
     """Fit each stage's capacity curve online (:mod:`tuner.capacity`) and use it where the
     measurements contradict the prior's power law (``prior`` never does: it is learning)."""
+    hold_measured_best: bool = True
+    """Online, keep the best allocation measured unless a move measures better
+    (:mod:`tuner.incumbent`): no move to an allocation measured no better than the incumbent,
+    and back to the incumbent when a move measures worse beyond the readings' noise. Measured
+    throughput remembered per allocation is learning, so ``prior`` never does it."""
     host_contention_fit: bool = True
     """With ``capacity_fit``, also fit each stage's capacity per worker against the pipeline's
     total workers (:class:`tuner.capacity.HostContentionFit`): stages that contend for the
@@ -153,6 +159,7 @@ class IntuneTuner:
         self.scaling = ScalingEstimator()
         self.capacity = CapacityFit()
         self.contention = HostContentionFit()
+        self.measured = MeasuredAllocations()
         self.worker_cpu = WorkerCpuMeter()
         self.previous: tuple[EncodedState, int] | None = None
         self.last_good_throughput: float | None = None
@@ -198,6 +205,12 @@ class IntuneTuner:
                 )
         self.memory.update(observation)
         self.scaling.update(observation)
+        if self.uses_measured_best and self.measured.update(observation) == "load":
+            # The same allocation now measures differently: the fits' older points would read
+            # the host's load change as the stages' scaling or contention. A change of the
+            # trainer's rate ("consumer") leaves the stages' capacities, and the fits, as they were.
+            self.capacity.forget()
+            self.contention.forget()
         exponents = {s.name: self.scaling.scaling(s.name) for s in observation.stages}
         worker_cpu = measure_worker_cpu(self.worker_cpu, observation)
         usl = host_usl = None
@@ -232,15 +245,25 @@ class IntuneTuner:
         q = self.q_values(state)
         valid = np.flatnonzero(state.mask)
         explored = bool(self.rng.random() < epsilon)
+        verdict, allocation = "policy", None
         if explored:
             action = int(self.rng.choice(valid))
+        elif self.uses_measured_best and observation.throughput > 0:
+            action, verdict, allocation = self._hold_measured_best(observation, state, q, valid)
         else:
             action = int(valid[np.argmax(q[valid])])
-        self.previous = (state, action)
+        if allocation is None:
+            allocation = state.allocations[action]
+            label = state.labels[action]
+            self.previous = (state, action)
+        else:
+            # The incumbent is no single action away: nothing to learn a Q-value for.
+            label = "return to the best measured"
+            self.previous = None
         self.global_step += 1
         return Decision(
-            allocation=dict(zip(names, state.allocations[action], strict=False)),
-            action=state.labels[action],
+            allocation=dict(zip(names, allocation, strict=False)),
+            action=label,
             q_values={state.labels[i]: float(q[i]) for i in valid},
             epsilon=epsilon,
             reward=reward,
@@ -248,8 +271,65 @@ class IntuneTuner:
                 "explored": explored,
                 "masked_actions": int(len(state.labels) - len(valid)),
                 "learn_steps": self.learn_steps,
+                "measured_best": verdict,
             },
         )
+
+    def _hold_measured_best(self, observation: Observation, state: EncodedState, q, valid):
+        """The action under :mod:`tuner.incumbent`'s rules: ``(action, verdict, allocation)``,
+        ``allocation`` set only when the incumbent is no single action away."""
+        current = allocation_key(observation)
+        layout = current[0]
+        verdict = self.measured.verdict(current)
+        # Compared as plain tuples within this layout: a decision has 5 ms at 16 stages.
+        measured = {k[1] for k in self.measured.table if k[0] == layout}
+        sigma = self.measured.noise()
+        # An untried move must promise more than one reading's noise: the model's gain comes
+        # from one window's rates, as noisy as the throughput it predicts.
+        floor = q[0] + MOVE_SIGMAS * sigma if state.mask[0] else -np.inf
+        if verdict == "incumbent":
+            losers = {k[1] for k in self.measured.losers(current) if k[0] == layout}
+            allowed = [
+                int(i) for i in valid
+                if i == 0 or (
+                    state.allocations[int(i)] not in losers
+                    and (q[i] > floor or state.allocations[int(i)] in measured)
+                )
+            ] or list(valid)  # fmt: skip
+            action = int(allowed[np.argmax(q[allowed])])
+            if action == 0 and self.measured.settled(current):
+                probe_floor = q[0] - PROBE_SIGMAS * sigma
+                untried = [
+                    int(i) for i in valid
+                    if i != 0 and state.allocations[int(i)] not in measured and q[i] > probe_floor
+                ]  # fmt: skip
+                if untried:
+                    self.measured.probed()
+                    return int(untried[np.argmax(q[untried])]), "probe", None
+            return action, verdict, None
+        onward_floor = q[0] + Z * sigma if state.mask[0] else -np.inf
+        onward = [
+            int(i) for i in valid
+            if i != 0 and state.allocations[int(i)] not in measured and q[i] > onward_floor
+        ]  # fmt: skip
+        if onward and verdict == "measure":
+            # Only from a trial inside the noise: from one measured worse, back to the best.
+            return int(onward[np.argmax(q[onward])]), "onward", None
+        if verdict == "measure" and state.mask[0]:
+            return 0, verdict, None
+        target = self.measured.incumbent()
+        if target is None or target[0] != layout:
+            # A layout change is the layout decision's to make; follow the policy.
+            return int(valid[np.argmax(q[valid])]), "policy", None
+        for i in valid:
+            if state.allocations[int(i)] == target[1]:
+                return int(i), "return", None
+        return 0, "return", target[1]
+
+    @property
+    def uses_measured_best(self) -> bool:
+        """Whether decisions follow :mod:`tuner.incumbent`'s rules (online only)."""
+        return self.config.hold_measured_best and self.mode == "online"
 
     @property
     def uses_capacity_fit(self) -> bool:
@@ -345,6 +425,7 @@ class IntuneTuner:
             "scaling": self.scaling.state_dict(),
             "capacity": self.capacity.state_dict(),
             "contention": self.contention.state_dict(),
+            "measured": self.measured.state_dict(),
             "worker_cpu": self.worker_cpu.state_dict(),
             "previous": previous,
             "last_good_throughput": self.last_good_throughput,
@@ -379,6 +460,9 @@ class IntuneTuner:
         self.contention = HostContentionFit()
         if "contention" in state:  # checkpoints from before the host contention fit
             self.contention.load_state_dict(state["contention"])
+        self.measured = MeasuredAllocations()
+        if "measured" in state:  # checkpoints from before the measured-best rules
+            self.measured.load_state_dict(state["measured"])
         self.worker_cpu = WorkerCpuMeter()
         if "worker_cpu" in state:  # checkpoints from before waiting stages were measured
             self.worker_cpu.load_state_dict(state["worker_cpu"])

@@ -44,6 +44,11 @@ class PriorTuner(IntuneTuner):
         """Never: fitting the capacity curves online is learning."""
         return False
 
+    @property
+    def uses_measured_best(self) -> bool:
+        """Never: remembering the throughput measured per allocation is learning."""
+        return False
+
     def _maybe_learn(self) -> None:
         """Never learns: the network stays at zero residual."""
 

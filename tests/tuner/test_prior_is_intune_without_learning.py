@@ -57,10 +57,15 @@ def test_prior_never_learns():
 
 def test_intune_with_its_learning_zeroed_decides_exactly_as_prior():
     prior = make_tuner("prior", SCENARIO.stage_names, seed=5)
-    # The shipped policy, its learnt part zeroed, online learning kept from starting and the
-    # online capacity fit (learning too) off.
+    # The shipped policy, its learnt part zeroed, online learning kept from starting, and the
+    # online capacity fit and the measured-best rules (learning too) off.
     ablated = make_tuner(
-        "intune", SCENARIO.stage_names, seed=5, online_learning_starts=10**9, capacity_fit=False
+        "intune",
+        SCENARIO.stage_names,
+        seed=5,
+        online_learning_starts=10**9,
+        capacity_fit=False,
+        hold_measured_best=False,
     )
     zero_residual(ablated.q_network)
     shipped = make_tuner("intune", SCENARIO.stage_names, seed=5)
