@@ -62,6 +62,10 @@ def attach(
     sends; the first rank to come up runs it, another takes over if that rank ends
     (``agents.daemon.ranks``, docs/architecture.md "Multi-rank hosts"). It returns a
     :class:`agents.daemon.ranks.RankAttachment`, which also has ``stop()``.
+
+    Raises ``ValueError`` when the host's job names other stages than the pipeline reports
+    (register the job with ``pipeline.stage_names``), as ``intune-agent`` exits then; a
+    control plane that cannot be reached now is not an error (the agent ships when it can).
     """
     # Imported here so that ``import agents.pipeline`` in a worker process stays light.
     from agents.daemon.agent import Agent, AgentConfig
@@ -81,6 +85,13 @@ def attach(
         )
     config = AgentConfig(url=str(url), host_id=int(host_id), token=str(token), **options)
     from agents.daemon import ranks as host_ranks
+    from agents.daemon.checks import job_stages_problem, reported_stage_names
+
+    # As intune-agent does at start: a job registered with other stage names would refuse
+    # every sample for as long as training ran (an error a second, no tuning); say so now.
+    names = reported_stage_names(pipeline)
+    if problem := job_stages_problem(config.url, config.host_id, config.token, names):
+        raise ValueError(f"attach(): {problem}")
 
     rank, world = host_ranks.local_rank_and_world(rank, local_world_size)
     if world == 1:

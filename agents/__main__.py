@@ -253,33 +253,14 @@ PIPELINE_METHODS = ("start", "stop", "apply", "check", "metrics", "__iter__")
 
 
 def check_stages_match_the_job(state: Any, pipeline: Any) -> None:
-    """Exit with both lists when the host's job names other stages than the pipeline has.
+    """Exit with both lists when the host's job names other stages than the pipeline has
+    (``agents.daemon.checks.job_stages_problem``), or when the control plane refuses this
+    agent outright."""
+    from agents.daemon.checks import job_stages_problem, reported_stage_names
 
-    Every sample would be refused (``unknown stage``) and every allocation too, for as long as
-    the agent ran. The job's stages are those of its current allocation, read once without
-    waiting; a control plane that cannot be reached is not an error here (the agent starts
-    anyway and ships when it comes back).
-    """
-    from agents.client import ControlPlaneClient, ControlPlaneError
-
-    client = ControlPlaneClient(state.url, state.host_id, state.agent_token, timeout_s=5.0)
-    try:
-        allocation = client.poll_allocation(after=0, wait_s=0)
-    except ControlPlaneError as exc:
-        if exc.retryable:
-            log.warning("could not read the job's stages now (%s); starting anyway", exc)
-            return
-        raise SystemExit(f"the control plane refused this agent: {exc}") from exc
-    finally:
-        client.close()
-    job_stages = list((allocation or {}).get("workers") or {})
-    ours = list(pipeline.stage_names)
-    if job_stages and set(job_stages) != set(ours):
-        raise SystemExit(
-            f"host {state.host_id}'s job has the stages {', '.join(job_stages)}, and this "
-            f"pipeline has {', '.join(ours)}: every sample would be refused. Register the host "
-            "under a job with this pipeline's stages (or PATCH the job's stages)."
-        )
+    names = reported_stage_names(pipeline)
+    if problem := job_stages_problem(state.url, state.host_id, state.agent_token, names):
+        raise SystemExit(problem)
 
 
 def resolve_identity(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -345,12 +326,9 @@ def start_consumer(
         thread.start()
         return thread, trainer.stats
 
-    def drain() -> None:
-        for _ in pipeline:
-            if stop.is_set():
-                return
+    from agents.pipeline.consume import consume_until
 
-    thread = Consumer(drain, stop, "intune-drain")
+    thread = Consumer(lambda: consume_until(pipeline, stop), stop, "intune-drain")
     thread.start()
     return thread, None
 

@@ -8,12 +8,15 @@ a 400 or 413 (the same body would be refused again), and gives up only when the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import httpcore
 import httpx
 import tenacity
 
@@ -86,6 +89,93 @@ class _Wait(tenacity.wait.wait_base):
         return wait
 
 
+# --- a bound on a whole request --------------------------------------------------------------
+# httpx's timeouts bound each read and write, not a request: a control plane (or a proxy) that
+# trickles its answer a byte at a time, each within the read timeout, held a request for as long
+# as it trickled (measured: a 200-byte body at a byte every 0.5 s held a POST with timeout_s=2
+# for over 20 s; a chunked body that never ends, forever). Every read, write and connect of a
+# request is therefore cut to what is left of the request's own deadline, kept per thread.
+
+
+class _Deadline(threading.local):
+    at: float | None = None
+
+
+_deadline = _Deadline()
+
+
+@contextlib.contextmanager
+def _within(seconds: float) -> Iterator[None]:
+    """Bound every network operation of this thread's requests to ``seconds`` in all."""
+    _deadline.at = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _deadline.at = None
+
+
+def _left(timeout: float | None, error: type[Exception]) -> float | None:
+    at = _deadline.at
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise error("the request's whole time ran out (the control plane answers too slowly)")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):  # noqa: ANN001
+        return _DeadlineStream(
+            self._stream.start_tls(
+                ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)
+            )
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._backend = httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(
+            self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        )
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):  # noqa: ANN001
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def _bounded_client(**kwargs: Any) -> httpx.Client:
+    """An httpx client whose requests honour ``_within``."""
+    transport = httpx.HTTPTransport()
+    # httpx offers no public way to give its transport a network backend; httpcore's pool
+    # takes one (tests/agents/daemon/test_a_trickling_control_plane_never_holds_the_agent.py
+    # fails if an upgrade moves it).
+    transport._pool._network_backend = _DeadlineBackend()
+    return httpx.Client(transport=transport, **kwargs)
+
+
 class ControlPlaneClient:
     """Talks to one control plane as one host, with that host's agent token."""
 
@@ -109,8 +199,8 @@ class ControlPlaneClient:
         headers = {"Authorization": f"Agent {token}", "User-Agent": "intune-agent/1"}
         # Two connection pools: the long-poll holds its connection for up to a minute and must
         # never make a metrics batch wait behind it.
-        self._metrics_http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
-        self._poll_http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self._metrics_http = _bounded_client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self._poll_http = _bounded_client(base_url=self.url, headers=headers, timeout=timeout_s)
 
     def interrupt_poll(self) -> None:
         """Cut a long-poll in progress (its thread sees an error), so stopping never waits for
@@ -130,11 +220,12 @@ class ControlPlaneClient:
         if isinstance(body, dict):
             body = json.dumps(body, separators=(",", ":")).encode()
         try:
-            response = self._metrics_http.post(
-                f"{API}/hosts/{self.host_id}/metrics/",
-                content=body,
-                headers={"Content-Type": "application/json"},
-            )
+            with _within(self.timeout_s):
+                response = self._metrics_http.post(
+                    f"{API}/hosts/{self.host_id}/metrics/",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                )
         except httpx.HTTPError as exc:
             raise ControlPlaneError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
@@ -150,12 +241,13 @@ class ControlPlaneClient:
         wait_s = min(float(wait_s), 60.0)
         what = f"GET {API}/hosts/{self.host_id}/allocation/"
         try:
-            response = self._poll_http.get(
-                f"{API}/hosts/{self.host_id}/allocation/",
-                params={"after": int(after), "wait": wait_s},
-                # The answer may take the whole wait; allow the usual timeout on top of it.
-                timeout=httpx.Timeout(self.timeout_s, read=wait_s + self.timeout_s),
-            )
+            # The answer may take the whole wait; allow the usual timeout on top of it.
+            with _within(wait_s + self.timeout_s):
+                response = self._poll_http.get(
+                    f"{API}/hosts/{self.host_id}/allocation/",
+                    params={"after": int(after), "wait": wait_s},
+                    timeout=httpx.Timeout(self.timeout_s, read=wait_s + self.timeout_s),
+                )
         except httpx.HTTPError as exc:
             raise ControlPlaneError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 204:
@@ -221,12 +313,12 @@ def register_host(
 
     def attempt() -> dict[str, Any]:
         try:
-            response = httpx.post(
-                f"{url.rstrip('/')}{API}/jobs/{job_id}/hosts/",
-                json=body,
-                headers={"Authorization": f"Token {api_token}"},
-                timeout=timeout_s,
-            )
+            with _within(timeout_s), _bounded_client(timeout=timeout_s) as client:
+                response = client.post(
+                    f"{url.rstrip('/')}{API}/jobs/{job_id}/hosts/",
+                    json=body,
+                    headers={"Authorization": f"Token {api_token}"},
+                )
         except httpx.HTTPError as exc:
             raise ControlPlaneError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code not in (200, 201):

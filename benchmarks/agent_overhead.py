@@ -60,20 +60,19 @@ def build_workload(kind: str) -> tuple[object, threading.Thread, threading.Event
     else:
         import itertools
 
-        from agents.pipeline import Pipeline, Stage
+        from agents.pipeline import Pipeline, Stage, consume_until
 
         pipeline = Pipeline(
             itertools.count(),
             [Stage("parse", _double), Stage("transform", _increment, kind="thread")],
         ).start()
 
-        def drain() -> None:
-            for _ in pipeline:
-                if stop.is_set():
-                    return
-                time.sleep(0.001)  # a "training step", so the pipeline does not spin flat out
-
-        consumer = threading.Thread(target=drain, daemon=True)
+        # Each item's "training step" of 1 ms, so that the pipeline does not spin flat out.
+        consumer = threading.Thread(
+            target=consume_until,
+            args=(pipeline, stop, lambda _item: time.sleep(0.001)),
+            daemon=True,
+        )
         stats = pipeline.consumer_stats
     consumer.start()
     return pipeline, consumer, stop, stats

@@ -30,6 +30,7 @@ from typing import Any
 
 from agents.dlrm import build_pipeline
 from agents.dlrm.workload import ensure_dataset
+from agents.pipeline import consume_until
 from benchmarks.pipeline.measure import LAYOUTS, best_allocation, on_cores, pipeline_rate
 from tuner.layout import decide_from_metrics, layout_groups
 
@@ -53,10 +54,10 @@ def decision_run(
     stop = threading.Event()
 
     def consume() -> None:
-        for _ in pipeline:
+        def count(_item) -> None:
             taken[0] += 1
-            if stop.is_set():
-                return
+
+        consume_until(pipeline, stop, count)
 
     made = []
     with pipeline:

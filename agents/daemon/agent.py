@@ -150,9 +150,20 @@ class Agent:
         self.stage_names = list(pipeline.unit_names if self.layouts else pipeline.stage_names)
         # A host's local ranks (agents.daemon.ranks.HostPipelines) each run the allocation.
         self.ranks = max(1, int(getattr(pipeline, "ranks", 1) or 1))
-        self.worker_budget = config.worker_budget or cpu_slots(
-            self.host.limits.cpus, len(self.stage_names), self.ranks
-        )
+        host_slots = cpu_slots(self.host.limits.cpus, len(self.stage_names), self.ranks)
+        self.worker_budget = config.worker_budget or host_slots
+        if self.worker_budget > host_slots:
+            # Asked for more than the host has: allowed (the budget is the person's call), but
+            # said, since allocations that fit it can oversubscribe the CPUs the host has.
+            log.warning(
+                "the worker budget of %s CPU slots is more than this host's %s (%.4g CPUs "
+                "available to the agent, by its affinity and cgroup, plus one slot per stage "
+                "and rank): allocations may ask for more CPU than there is, and the workers "
+                "would time-slice. Lower --worker-budget (worker_budget=), or leave it unset",
+                self.worker_budget,
+                host_slots,
+                self.host.limits.cpus,
+            )
         self.memory_budget_mb = config.memory_budget_mb or default_memory_budget_mb(
             self.host.limits.memory_limit_mb
         )
@@ -296,7 +307,7 @@ class Agent:
         plane sees the new budget in the next sample and the tuner allocates within it."""
         if not self.host.refresh() or self.config.worker_budget is not None:
             return
-        budget = cpu_slots(self.host.limits.cpus, len(self.stage_names))
+        budget = cpu_slots(self.host.limits.cpus, len(self.stage_names), self.ranks)
         if budget != self.worker_budget:
             log.warning(
                 "the host's CPUs changed to %s (%g CPUs): worker budget %d -> %d CPU slots",

@@ -610,9 +610,29 @@ class HostPipelines:
         finally:
             if r is not None:
                 self._drop(r)
-                log.info("rank %d left; ranks connected: %s", r.rank, self.connected_ranks())
+                if self._stop.is_set():
+                    log.info("rank %d disconnected: the host agent stops", r.rank)
+                else:
+                    self._say_left(r)
             else:
                 lines.close()
+
+    def _say_left(self, r: _Rank) -> None:
+        """Log a rank's leaving and what becomes of its share. Shares are per rank: a rank's
+        workers end with it, so the host runs fewer and no other rank's share grows (the
+        host's slots it held are free, not handed on: the job has one rank fewer until it
+        comes back); its share is kept, and sent again when it (or its restart) says hello.
+        Nothing waits on it: a move in progress counts it as answered."""
+        with self._lock:
+            left = r.rank not in self._connected  # not replaced by its own new connection
+            kept = self._split.get(r.rank, self._in_force)
+            others = {rank: dict(o.allocation) for rank, o in sorted(self._connected.items())}
+        if left:
+            log.warning(
+                "rank %d (pid %d) left; its share %s ended with it and is kept for its return; "
+                "the ranks connected, %s, keep theirs: %s",
+                r.rank, r.pid, kept if kept is not None else r.allocation, sorted(others), others,
+            )  # fmt: skip
 
     def _handle(self, r: _Rank, message: dict) -> None:
         kind = message["type"]

@@ -31,6 +31,12 @@ worker process makes its own filesystem handle (fsspec handles are not shared ac
 fork). Credentials, endpoints and regions come from the store's usual settings (for S3:
 ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL_S3``, ...) or ``storage_options``.
 
+Every request to a store is bounded (``StoreTimeouts``, given as ``store_timeouts``): a
+connect and a read timeout on each socket (S3), a deadline on the whole request, so an
+object that trickles its bytes is cut as well, and a few attempts with jittered exponential
+waits (tenacity). When they are spent the read fails with a ``StoreError`` naming the URL,
+the byte range and what to do; a stalled store never holds a training job.
+
 A malformed line (not 40 tab-separated fields, an integer feature that is not an integer,
 a categorical feature that is not 8 hex digits) stops the pipeline with an error naming the
 file and the line (``bad_lines="error"``), or is skipped and counted (``"skip"``).
@@ -38,6 +44,7 @@ file and the line (``bad_lines="error"``), or is skipped and counted (``"skip"``
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import hashlib
 import json
@@ -52,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tenacity
 
 from agents.dlrm.schema import FIELDS, NUM_DENSE, cache_dir
 from agents.dlrm.stages import parse
@@ -112,7 +120,98 @@ class RawIndex:
 
 class StoreError(OSError):
     """An object store that cannot be read: its package is not installed, the protocol is
-    unknown, or listing it failed (credentials refused, no such bucket, unreachable)."""
+    unknown, listing it failed (credentials refused, no such bucket, unreachable), or it did
+    not answer within ``StoreTimeouts``."""
+
+
+@dataclass(frozen=True)
+class StoreTimeouts:
+    """The bounds on every request to an object store.
+
+    ``connect_s`` and ``read_s`` bound each socket connect and each wait for bytes (S3; the
+    botocore defaults are 60 s each, retried up to 5 times by s3fs and again by botocore);
+    ``request_s`` bounds one whole request (a listing, a HEAD, a ranged GET of up to 8 MB,
+    see ``_REMOTE_MAX_READ``), so a store that trickles its answer a byte at a time is cut
+    too; a request is tried ``attempts`` times, waiting a jittered ``backoff_s``, doubling,
+    up to 30 s, between them. The worst wait on one read is about ``attempts * request_s``
+    plus the waits: 4 * 60 + 7 s with the defaults. 8 MB in 60 s is 140 KB/s, far below any
+    working store.
+    """
+
+    connect_s: float = 10.0
+    read_s: float = 30.0
+    request_s: float = 60.0
+    attempts: int = 4
+    backoff_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect_s", "read_s", "request_s", "backoff_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"StoreTimeouts.{name} must be > 0, not {getattr(self, name)!r}")
+        if self.attempts < 1:
+            raise ValueError(f"StoreTimeouts.attempts must be >= 1, not {self.attempts!r}")
+
+
+DEFAULT_STORE_TIMEOUTS = StoreTimeouts()
+# Errors a second attempt cannot mend: said at once.
+_FINAL_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def _bounded(
+    fs: Any,
+    url: str,
+    what: str,
+    call: str,
+    timeouts: StoreTimeouts | None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``fs.<call>(*args, **kwargs)`` within ``timeouts``: each attempt cut at ``request_s``
+    (the async method on the filesystem's own loop, cancelled there when late), retried with
+    backoff; a ``StoreError`` naming ``url`` and ``what`` when the attempts are spent."""
+    t = timeouts or DEFAULT_STORE_TIMEOUTS
+
+    def attempt() -> Any:
+        method = getattr(fs, "_" + call, None)
+        if getattr(fs, "async_impl", False) and method is not None and fs.loop is not None:
+            future = asyncio.run_coroutine_threadsafe(
+                asyncio.wait_for(method(*args, **kwargs), t.request_s), fs.loop
+            )
+            try:
+                # wait_for ends the request at request_s; the extra second is the loop's.
+                return future.result(t.request_s + 1)
+            except TimeoutError:
+                future.cancel()
+                raise TimeoutError(f"no answer within {t.request_s:g} s") from None
+        return getattr(fs, call)(*args, **kwargs)  # a local filesystem (memory://, file://)
+
+    def note(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "%s %s: attempt %d of %d failed (%s: %s); trying again",
+            what, url, state.attempt_number, t.attempts, type(exc).__name__, exc,
+        )  # fmt: skip
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(
+            lambda exc: not isinstance(exc, _FINAL_ERRORS) and not _refused(exc)
+        ),
+        stop=tenacity.stop_after_attempt(t.attempts),
+        wait=tenacity.wait_random_exponential(multiplier=t.backoff_s, max=30),
+        before_sleep=note,
+        reraise=False,
+    )
+    try:
+        return retrying(attempt)
+    except tenacity.RetryError as spent:
+        exc = spent.last_attempt.exception()
+        raise StoreError(
+            f"could not {what} {url}: {t.attempts} attempt(s), each bounded by "
+            f"{t.request_s:g} s (connect {t.connect_s:g} s, read {t.read_s:g} s), all failed; "
+            f"last: {type(exc).__name__}: {exc}. The store is not answering: check that it "
+            "is up and reachable from this host (its endpoint, the network), or give "
+            "store_timeouts=StoreTimeouts(...) larger bounds for a slow store"
+        ) from exc
 
 
 def is_url(location: str | Path) -> bool:
@@ -124,15 +223,22 @@ _filesystems: dict[tuple[str, str], Any] = {}
 _filesystems_pid: int | None = None
 
 
-def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
+def filesystem(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    timeouts: StoreTimeouts | None = None,
+) -> Any:
     """The fsspec filesystem of ``url``'s protocol, made once in each process: a handle made
-    before a fork (its connections, its event loop) is not used after it."""
+    before a fork (its connections, its event loop) is not used after it. An S3 handle gets
+    ``timeouts``' connect and read timeouts and makes one attempt per request (botocore's and
+    s3fs's own retries off: ``_bounded`` retries, within its bounds)."""
+    t = timeouts or DEFAULT_STORE_TIMEOUTS
     global _filesystems_pid
     if _filesystems_pid != os.getpid():
         _filesystems.clear()
         _filesystems_pid = os.getpid()
     protocol = url.split("://", 1)[0].lower()
-    key = (protocol, json.dumps(storage_options or {}, sort_keys=True, default=str))
+    key = (protocol, json.dumps([storage_options or {}, asdict(t)], sort_keys=True, default=str))
     fs = _filesystems.get(key)
     if fs is not None:
         return fs
@@ -154,20 +260,38 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
         ) from None
     except ValueError:
         raise StoreError(f"{url}: fsspec knows no protocol {protocol!r}") from None
+    options = dict(storage_options or {})
+    if protocol in ("s3", "s3a"):
+        # The caller's own config_kwargs win; ours fill in what it did not say.
+        config = {
+            "connect_timeout": t.connect_s,
+            "read_timeout": t.read_s,
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
+            **options.get("config_kwargs", {}),
+        }
+        options["config_kwargs"] = config
     try:
-        fs = cls(skip_instance_cache=True, **(storage_options or {}))
+        fs = cls(skip_instance_cache=True, **options)
     except Exception as exc:
         raise StoreError(_store_failure(url, "open", exc)) from None
+    if protocol in ("s3", "s3a"):
+        fs.retries = 1  # s3fs would retry a timed-out read 5 times, backing off, itself
     _filesystems[key] = fs
     return fs
 
 
-def _store_failure(url: str, what: str, exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    credentials = isinstance(exc, PermissionError) or any(
-        word in text.lower()
+def _refused(exc: BaseException) -> bool:
+    """Whether the store refused the credentials (trying again cannot mend it)."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return isinstance(exc, PermissionError) or any(
+        word in text
         for word in ("credential", "accessdenied", "access denied", "forbidden", "signature")
     )
+
+
+def _store_failure(url: str, what: str, exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    credentials = _refused(exc)
     hint = (
         "; check the store's credentials (for S3: AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY; AWS_ENDPOINT_URL_S3 for an S3-compatible server)"
@@ -177,12 +301,52 @@ def _store_failure(url: str, what: str, exc: BaseException) -> str:
     return f"could not {what} {url} ({text}){hint}"
 
 
-def _open(path: str, storage_options: dict[str, Any] | None) -> Any:
-    """A binary file: ``open()`` for a local path, fsspec for a URL (no read-ahead cache:
-    each ``read`` is one ranged request of what was asked)."""
+def _open(
+    path: str, storage_options: dict[str, Any] | None, timeouts: StoreTimeouts | None = None
+) -> Any:
+    """A binary file: ``open()`` for a local path, an ``_Object`` for a URL (each ``read`` is
+    one bounded ranged request of what was asked)."""
     if is_url(path):
-        return filesystem(path, storage_options).open(path, "rb", cache_type="none")
+        return _Object(filesystem(path, storage_options, timeouts), path, timeouts)
     return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+
+
+class _Object:
+    """An object of a store read as a file: ``read``, ``seek``, ``tell``, each read one ranged
+    request bounded by ``StoreTimeouts`` (fsspec's own file objects read without a deadline)."""
+
+    def __init__(self, fs: Any, url: str, timeouts: StoreTimeouts | None) -> None:
+        self.fs, self.url, self.timeouts = fs, url, timeouts
+        self.size = int(_bounded(fs, url, "read the size of", "info", timeouts, url)["size"])
+        self.at = 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n < 0 else min(self.at + n, self.size)
+        if end <= self.at:
+            return b""
+        what = f"read bytes {self.at}-{end} of"
+        data = _bounded(self.fs, self.url, what, "cat_file", self.timeouts, self.url,
+                        start=self.at, end=end)  # fmt: skip
+        self.at += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.at = (
+            offset if whence == 0 else (self.at + offset if whence == 1 else self.size + offset)
+        )
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _Object:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _label(path: str) -> str:
@@ -190,16 +354,20 @@ def _label(path: str) -> str:
     return path if is_url(path) else Path(path).name
 
 
-def store_files(url: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def store_files(
+    url: str, storage_options: dict[str, Any] | None = None, timeouts: StoreTimeouts | None = None
+) -> list[dict[str, Any]]:
     """The Criteo objects under ``url``, by name: one listing of the store, each with its
     ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
-    fs = filesystem(url, storage_options)
+    fs = filesystem(url, storage_options, timeouts)
     root = url.rstrip("/")
     try:
         fs.invalidate_cache(root)  # a listing cached by this handle may be stale
-        entries = fs.ls(root, detail=True)
+        entries = _bounded(fs, url, "list", "ls", timeouts, root, detail=True)
     except FileNotFoundError:
         entries = []
+    except StoreError:
+        raise
     except Exception as exc:
         raise StoreError(_store_failure(url, "list", exc)) from None
     files = []
@@ -262,17 +430,21 @@ def index_locations(folder: str | Path, batch_size: int) -> list[Path]:
 
 
 def load_or_build_index(
-    folder: str | Path, batch_size: int, storage_options: dict[str, Any] | None = None
+    folder: str | Path,
+    batch_size: int,
+    storage_options: dict[str, Any] | None = None,
+    store_timeouts: StoreTimeouts | None = None,
 ) -> RawIndex:
     """The chunk index of ``folder`` (a local folder or an object-store URL): the one kept
     from before while the files are unchanged, else a new one (scanning every file once),
-    kept for next time. ``storage_options`` go to the fsspec filesystem of a URL."""
+    kept for next time. ``storage_options`` go to the fsspec filesystem of a URL, whose every
+    request is bounded by ``store_timeouts`` (``DEFAULT_STORE_TIMEOUTS`` when None)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     root: str | Path
     if is_url(folder):
         root = str(folder).rstrip("/")
-        objects = store_files(root, storage_options)
+        objects = store_files(root, storage_options, store_timeouts)
         paths = [o["url"] for o in objects]
         signature = [{k: o[k] for k in ("name", "size", "etag", "mtime")} for o in objects]
     else:
@@ -288,7 +460,7 @@ def load_or_build_index(
     log.info("indexing %d Criteo file(s) in %s (once: the index is kept)", len(paths), root)
     chunks = []
     for path in paths:
-        chunks += scan_file(path, batch_size, storage_options)
+        chunks += scan_file(path, batch_size, storage_options, store_timeouts)
     body = {
         "format": "criteo-raw-index",
         "version": INDEX_VERSION,
@@ -361,7 +533,10 @@ def _needs_order(chunk: RawChunk) -> bool:
 
 
 def scan_file(
-    path: str | Path, batch_size: int, storage_options: dict[str, Any] | None = None
+    path: str | Path,
+    batch_size: int,
+    storage_options: dict[str, Any] | None = None,
+    store_timeouts: StoreTimeouts | None = None,
 ) -> list[RawChunk]:
     """The chunks of one file (a path or an object's URL): ``batch_size`` lines each, the
     last what is left."""
@@ -371,7 +546,7 @@ def scan_file(
     ends: list[int] = []  # where each member ends in the file
     cutter = _Cutter(batch_size)
     size = _REMOTE_MAX_READ if is_url(path) else _BLOCK
-    with _open(path, storage_options) as handle:
+    with _open(path, storage_options, store_timeouts) as handle:
         if compressed:
             pieces = _inflate(handle, members, size, _label(path), ends)
         else:
@@ -496,9 +671,15 @@ class RawReader:
     inflated once; any other chunk is inflated from the start of its member.
     """
 
-    def __init__(self, keep_open: int = 8, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        keep_open: int = 8,
+        storage_options: dict[str, Any] | None = None,
+        store_timeouts: StoreTimeouts | None = None,
+    ) -> None:
         self.keep_open = keep_open
         self.storage_options = storage_options
+        self.store_timeouts = store_timeouts
         self._cursors: dict[str, _Cursor] = {}
 
     def __call__(self, chunk: RawChunk) -> dict[str, Any]:
@@ -506,8 +687,11 @@ class RawReader:
         if chunk.compressed:
             text = self._cursor(chunk).read(chunk.start, chunk.length)
         elif is_url(chunk.path):  # one ranged request
-            fs = filesystem(chunk.path, self.storage_options)
-            text = fs.cat_file(chunk.path, start=chunk.start, end=chunk.start + chunk.length)
+            fs = filesystem(chunk.path, self.storage_options, self.store_timeouts)
+            end = chunk.start + chunk.length
+            what = f"read bytes {chunk.start}-{end} of"
+            text = _bounded(fs, chunk.path, what, "cat_file", self.store_timeouts, chunk.path,
+                            start=chunk.start, end=end)  # fmt: skip
         else:
             with open(chunk.path, "rb") as handle:
                 handle.seek(chunk.start)
@@ -524,7 +708,7 @@ class RawReader:
         if cursor is None or not cursor.can_reach(chunk.start):
             if cursor is not None:
                 cursor.close()
-            cursor = _Cursor(chunk, self.storage_options)
+            cursor = _Cursor(chunk, self.storage_options, self.store_timeouts)
         self._cursors[chunk.path] = cursor  # most recently used last
         while len(self._cursors) > self.keep_open:
             self._cursors.pop(next(iter(self._cursors))).close()
@@ -535,6 +719,7 @@ class RawReader:
         return {
             "keep_open": self.keep_open,
             "storage_options": self.storage_options,
+            "store_timeouts": self.store_timeouts,
             "_cursors": {},
         }
 
@@ -542,14 +727,19 @@ class RawReader:
 class _Cursor:
     """A place in the inflated text of one gzip file."""
 
-    def __init__(self, chunk: RawChunk, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        chunk: RawChunk,
+        storage_options: dict[str, Any] | None = None,
+        store_timeouts: StoreTimeouts | None = None,
+    ) -> None:
         size = _BLOCK
         if is_url(chunk.path):
             # Ranged reads of the members the chunk spans (a one-member file: a few MB at a
             # time, in order).
             span = chunk.compressed_end - chunk.member_offset
             size = min(max(span, _REMOTE_MIN_READ), _REMOTE_MAX_READ)
-        self.handle = _open(chunk.path, storage_options)
+        self.handle = _open(chunk.path, storage_options, store_timeouts)
         self.handle.seek(chunk.member_offset)
         self.pieces = _inflate(self.handle, size=size, name=_label(chunk.path))
         self.buffer = bytearray()

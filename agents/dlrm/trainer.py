@@ -18,6 +18,7 @@ import torch
 
 from agents.dlrm.model import DLRM, ModelConfig
 from agents.dlrm.stages import batch_rows
+from agents.pipeline.errors import PipelineStopped
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,12 @@ class Trainer:
                 with self._lock:
                     self._waiting_since = None
                 break
+            except PipelineStopped:
+                with self._lock:
+                    self._waiting_since = None
+                if stop_event.is_set():
+                    break  # stopped as asked: the agent stops the pipeline after the event
+                raise
             got = time.monotonic()
             if cuda:
                 start, end = (

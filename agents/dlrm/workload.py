@@ -75,6 +75,7 @@ def build_pipeline(
     fuse: str | Sequence[str] | None = None,
     bad_lines: str = "error",
     storage_options: dict[str, Any] | None = None,
+    store_timeouts: raw.StoreTimeouts | None = None,
     **options: Any,
 ) -> Pipeline:
     """Build the DLRM ingestion pipeline over a Criteo-format dataset.
@@ -88,7 +89,9 @@ def build_pipeline(
     (``bad_lines="error"``) or is skipped and counted (``"skip"``; the count is
     ``pipeline.bad_lines.count``). ``data_dir`` may be an object-store URL
     (``s3://bucket/prefix``, ``gs://...``, any fsspec URL), read through fsspec with
-    ``storage_options``; its index is kept in the cache folder. ``epochs=None`` cycles over the data until stopped.
+    ``storage_options``, every request bounded by ``store_timeouts`` (``raw.StoreTimeouts``:
+    connect 10 s, read 30 s, 60 s a request, 4 attempts); its index is kept in the cache folder.
+    ``epochs=None`` cycles over the data until stopped.
     Stages: read, parse, transform, collate (processes) and prefetch (a thread that hands the
     batch to ``device``). ``fuse`` runs neighbouring stages in one worker
     (``"read+parse+transform+collate"``; see ``agents.pipeline.fusion``); ``workers`` then
@@ -129,13 +132,15 @@ def build_pipeline(
     if data_dir is not None and (
         raw.is_url(data_dir) or not (Path(data_dir) / INDEX_FILE).exists()
     ):
-        chunks = raw.load_or_build_index(data_dir, batch_size, storage_options)
+        chunks = raw.load_or_build_index(data_dir, batch_size, storage_options, store_timeouts)
         # Single-member gzip files are inflated in order, by one reader that keeps its place.
         ceiling = 1 if chunks.sequential else max_workers
         if chunks.sequential:
             log.info("%s holds gzip files of one member: one worker reads them", data_dir)
         stages = stages_of(
-            raw.RawReader(storage_options=storage_options), raw.RawParse(bad), ceiling
+            raw.RawReader(storage_options=storage_options, store_timeouts=store_timeouts),
+            raw.RawParse(bad),
+            ceiling,
         )
     if chunks is not None:
         tasks: list[Any] = chunks.chunks

@@ -9,7 +9,14 @@ with Pipeline(range(1000), [Stage("square", lambda x: x * x, workers=2)]) as pip
     print(pipeline.metrics(), pipeline.consumer_stats())
 """
 
-from agents.pipeline.errors import AllocationError, LayoutBusy, PipelineStalled, StageFailed
+from agents.pipeline.consume import consume_until
+from agents.pipeline.errors import (
+    AllocationError,
+    LayoutBusy,
+    PipelineStalled,
+    PipelineStopped,
+    StageFailed,
+)
 from agents.pipeline.fusion import fuse, fuse_groups
 from agents.pipeline.pipeline import Pipeline
 from agents.pipeline.stage import Stage
@@ -19,8 +26,10 @@ __all__ = [
     "LayoutBusy",
     "Pipeline",
     "PipelineStalled",
+    "PipelineStopped",
     "Stage",
     "StageFailed",
+    "consume_until",
     "fuse",
     "fuse_groups",
 ]

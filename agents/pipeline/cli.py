@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.pipeline.consume import consume_until
 from agents.pipeline.errors import AllocationError
 from agents.pipeline.loading import build, parse_allocation, parse_options
 from agents.pipeline.pipeline import Pipeline
@@ -41,10 +42,11 @@ def measure(
         if trainer is not None:
             trainer.run(pipeline, stop)
             return
-        for _ in pipeline:
+
+        def count(_item) -> None:
             consumed[0] += 1
-            if stop.is_set():
-                return
+
+        consume_until(pipeline, stop, count)
 
     consumer = threading.Thread(target=consume, name="consumer", daemon=True)
     consumer.start()

@@ -29,3 +29,10 @@ class LayoutBusy(AllocationError):
 class PipelineStalled(TimeoutError):
     """No item reached the consumer within the pipeline's ``item_timeout_s``: a stage's
     function (or the source) blocks. The message says where the items stand, stage by stage."""
+
+
+class PipelineStopped(RuntimeError):
+    """The pipeline was stopped (``stop()``, from another thread or before this loop) while its
+    consumer still iterated, before the source's end: the items in flight were dropped. A loop
+    that ended quietly here would look like a whole epoch that was not one; a loop meant to
+    run until someone stops the pipeline catches this."""

@@ -17,10 +17,16 @@ from typing import Any
 import psutil
 
 from agents.pipeline import shm
-from agents.pipeline.errors import AllocationError, LayoutBusy, PipelineStalled, StageFailed
+from agents.pipeline.errors import (
+    AllocationError,
+    LayoutBusy,
+    PipelineStalled,
+    PipelineStopped,
+    StageFailed,
+)
 from agents.pipeline.fusion import SEPARATOR, Span, boundaries, fuse, layout_spans
 from agents.pipeline.inbox import Inbox
-from agents.pipeline.pool import StagePool
+from agents.pipeline.pool import StagePool, join_unless_current
 from agents.pipeline.schedstat import process_runqueue_seconds, thread_runqueue_seconds
 from agents.pipeline.stage import Stage
 from agents.pipeline.worker import POLL_S, Failure, decode, serve_process
@@ -248,9 +254,13 @@ class Pipeline:
             # Joined without the lock: the monitor takes it to look at the pools, and waited
             # for it here until the join gave up (0.5 s lost, and the monitor named as a
             # thread stuck in user code).
-            for thread in self._threads:
-                thread.join(max(0.0, min(0.5, deadline - time.monotonic())))
-            stuck += [t.name for t in self._threads if t.is_alive()]
+            # join_unless_current: stop() from one of the pipeline's own threads raised on
+            # joining itself, and left the launcher and its workers running.
+            stuck += [
+                t.name
+                for t in self._threads
+                if join_unless_current(t, min(0.5, deadline - time.monotonic()))
+            ]
             if self._zygote is not None:
                 self._zygote.close()
             shm.sweep(self._prefix)
@@ -342,7 +352,8 @@ class Pipeline:
                 delivered += 1
 
     def __iter__(self) -> Iterator[Any]:
-        """Yield the last stage's results; raises ``StageFailed`` where a stage raised."""
+        """Yield the last stage's results; raises ``StageFailed`` where a stage raised, and
+        ``PipelineStopped`` where the pipeline was stopped before the source's end."""
         if not self._started:
             self.start()
         if self._ended:
@@ -375,9 +386,9 @@ class Pipeline:
                 return self._ready.get(POLL_S, leave=lambda: self._stopped)
             except queue.Empty:
                 if self._stopped:
-                    return _END
+                    raise self._stopped_error() from None
             except EOFError:
-                return _END
+                raise self._stopped_error() from None
             waited = time.monotonic() - began
             if self.item_timeout_s is not None and waited >= self.item_timeout_s:
                 raise PipelineStalled(
@@ -392,6 +403,13 @@ class Pipeline:
                     self._where_items_stand(),
                 )
                 warn_at += self.stall_warning_s
+
+    def _stopped_error(self) -> PipelineStopped:
+        return PipelineStopped(
+            f"pipeline '{self.name}' was stopped after its consumer took {self._taken} "
+            "item(s), before the source's end: the items in flight were dropped. Stop it "
+            "after the loop ends (or catch PipelineStopped where stopping it early is meant)"
+        )
 
     def _where_items_stand(self) -> str:
         """Each stage's queue and workers, source to consumer: the stage that blocks is the

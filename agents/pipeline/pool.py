@@ -590,16 +590,28 @@ class StagePool:
         _wait_exited(processes, deadline + 1.0)
         for worker in processes:
             for relay in worker.relays:
-                relay.join(max(0.0, min(0.5, deadline + 1.0 - time.monotonic())))
+                join_unless_current(relay, min(0.5, deadline + 1.0 - time.monotonic()))
             if not any(relay.is_alive() for relay in worker.relays):
                 worker.close()
         stuck = []
         for worker in workers:
             if worker.kind == "thread" and worker.thread is not None:
-                worker.thread.join(max(0.0, deadline - time.monotonic()))
-                if worker.thread.is_alive():
+                if join_unless_current(worker.thread, deadline - time.monotonic()):
                     stuck.append(worker.thread.name)
         return stuck
+
+
+def join_unless_current(thread: threading.Thread, timeout_s: float) -> bool:
+    """Join ``thread`` for at most ``timeout_s``; return whether it is still running.
+
+    The thread calling is never joined (it would raise): a pipeline may be stopped from one
+    of its own threads (a thread stage's function; the garbage collection of a dropped
+    DataLoader, which runs in whichever thread allocates). It is not counted as stuck either:
+    it is on its way out of the stop."""
+    if thread is threading.current_thread():
+        return False
+    thread.join(max(0.0, timeout_s))
+    return thread.is_alive()
 
 
 def _wait_exited(workers: list[WorkerHandle], deadline: float) -> None:

@@ -12,7 +12,8 @@ the batches are torch's), whose iteration runs on ``agents.pipeline``:
 
 Each stage has its own workers, resized live by ``apply()`` (the agent's allocations) without
 losing or repeating a batch; batches reach the consumer in the sampler's order. An
-``IterableDataset`` is read by one worker, ``read`` (see ``agents.torch.steps.Read``).
+``IterableDataset`` is read by ``num_workers`` readers, ``read``, each worker ``i`` of
+``num_workers`` as torch's are (see ``agents.torch.steps.Read``).
 The loader answers ``agents.attach`` as a ``Pipeline`` does; its allocation outlives epochs.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from agents.pipeline import Pipeline, Stage, StageFailed, fuse_groups
+from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
 from agents.pipeline.worker import POLL_S
 from agents.torch.steps import (
     EpochEnd,
@@ -38,6 +39,7 @@ from agents.torch.steps import (
     Read,
     Step,
     WorkerSetup,
+    set_reader_slot,
     stage_names,
 )
 
@@ -67,10 +69,16 @@ class DataLoader(torch.utils.data.DataLoader):
     - ``persistent_workers``: one pipeline serves every epoch; otherwise each epoch starts
       its own, as torch starts workers per epoch. Workers are seeded and call
       ``worker_init_fn`` as torch's do (see ``agents.torch.steps.WorkerSetup``).
-    - An ``IterableDataset`` is iterated once per epoch by one worker (the ``read`` stage,
-      which ``get_worker_info()`` tells it is worker 0 of 1), not replicated per worker: its
-      batches are those of torch with ``num_workers=0``. Put per-sample work in
-      ``transforms`` to spread it over workers.
+    - An ``IterableDataset`` is read as torch's workers read it: the ``read`` stage has
+      ``num_workers`` readers (at least one), reader ``i`` iterating its own copy as worker
+      ``i`` of ``num_workers`` (``get_worker_info()``), so a dataset that splits its shards
+      by worker reads them in parallel, each once, and one that does not is read by every
+      reader, as with torch. Each reader's batches come in its order; readers interleave in
+      the order their batches are ready (torch takes them round-robin), so the epoch holds
+      torch's batches, not always in torch's order; with ``num_workers`` 0 or 1 they are
+      torch's with ``num_workers=0``, in order. The readers are not resized (a reader's
+      place in its share cannot move to another process): ``apply()`` keeps ``read`` at
+      ``num_workers``. Put per-sample work in ``transforms`` to give it a lever.
     - A failing stage raises ``agents.pipeline.StageFailed`` (a ``RuntimeError`` naming the
       stage, with the worker's traceback); ``timeout`` raises torch's ``RuntimeError``.
 
@@ -130,13 +138,16 @@ class DataLoader(torch.utils.data.DataLoader):
         self._fuse = fuse
         self._max_workers = max_workers
         self._start_method = _start_method(multiprocessing_context)
-        self._worker_counter = multiprocessing.get_context(self._start_method).Value("i", 0)
+        context = multiprocessing.get_context(self._start_method)
+        self._worker_counter = context.Value("i", 0)
         # In flight per queue: as many batches as torch keeps outstanding over all workers.
         self._queue_size = max(2, (prefetch_factor or 2) * max(1, num_workers))
         self._pin = pin_memory and _accelerator_available()
-        if self._iterable:
-            # The reader is worker 0; the other stages' workers count from 1.
-            self._worker_counter.value = 1
+        # An iterable dataset's readers: torch's worker ids 0 .. readers-1 (the other stages'
+        # workers count on from there), and the last epoch each began (Read says why).
+        self._readers = max(1, num_workers) if self._iterable else 1
+        self._reader_epochs = context.Array("q", self._readers) if self._iterable else None
+        self._worker_counter.value = self._readers if self._iterable else 0
         self._lock = threading.RLock()
         self._epoch = 0
         self._base_seed: int | None = None
@@ -163,9 +174,26 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         batched = self._auto_collation
         if self._iterable:
-            reader_setup = WorkerSetup(self.dataset, base_seed, 1, self.worker_init_fn, fixed_id=0)
-            read = Read(self.dataset, self.batch_size, self.drop_last, reader_setup)
-            stages = [Stage("read", read, workers=1, max_workers=1, shm_min_bytes=1)]
+            readers = self._readers
+            reader_setup = WorkerSetup(self.dataset, base_seed, readers, self.worker_init_fn)
+            read = Read(
+                self.dataset,
+                self.batch_size,
+                self.drop_last,
+                reader_setup,
+                readers=readers,
+                begun=self._reader_epochs,
+            )
+            stages = [
+                Stage(
+                    "read",
+                    read,
+                    workers=readers,
+                    max_workers=readers,
+                    shm_min_bytes=1,
+                    init=set_reader_slot,
+                )
+            ]
         else:
             stages = [self._stage("fetch", Step(Fetch(self.dataset, batched), setup), workers)]
         for name, fn in self._transforms:
@@ -186,14 +214,15 @@ class DataLoader(torch.utils.data.DataLoader):
         return pipeline
 
     def _fusion(self, names: list[str]) -> str | Sequence[str] | None:
-        """The fusion groups: ``fuse`` as given, or for ``"auto"`` every per-sample step
-        with ``collate`` (the reader of an iterable dataset stays apart: it has one worker)."""
+        """The fusion groups: ``fuse`` as given, or for ``"auto"`` every per-sample step,
+        ``fetch`` or an iterable dataset's ``read`` included, with ``collate``, as torch's
+        workers run them. For the readers too: a batch of samples handed from the readers to
+        a collate stage cost 0.3 to 0.6 of torch's rate on the sharded-CSV benchmark, fused
+        0.9 to 1.3 (docs/benchmarks.md, "An IterableDataset read in shards")."""
         if self._fuse != "auto":
             return self._fuse
-        per_sample = [name for name, _ in self._transforms] + ["collate"]
-        if not self._iterable:
-            per_sample.insert(0, "fetch")
-        return "+".join(per_sample) if len(per_sample) > 1 else None
+        first = "read" if self._iterable else "fetch"
+        return "+".join([first] + [name for name, _ in self._transforms] + ["collate"])
 
     def _stage(self, name: str, fn: Callable, workers: int | None = None) -> Stage:
         ceiling = self._max_workers
@@ -322,14 +351,26 @@ class DataLoader(torch.utils.data.DataLoader):
             return dict(self._allocation)
 
     def apply(self, allocation: dict[str, int]) -> None:
-        """Resize stages live (``Pipeline.apply``); the next epochs start at this allocation."""
+        """Resize stages live (``Pipeline.apply``); the next epochs start at this allocation.
+        An iterable dataset's ``read`` stage (or the fused stage holding it) keeps its
+        ``num_workers`` readers whatever is asked (see the class's docstring)."""
+        allocation = self._pinned(allocation)
         with self._lock:
             self._pipeline.apply(allocation)
             self._allocation = self._pipeline.allocation
 
     def check(self, allocation: dict[str, int]) -> list[str]:
         """Say what is wrong with an allocation (empty: nothing) without applying it."""
-        return self._pipeline.check(allocation)
+        return self._pipeline.check(self._pinned(allocation))
+
+    def _pinned(self, allocation: dict[str, int]) -> dict[str, int]:
+        """``allocation`` with the readers of an iterable dataset kept at their number."""
+        if not self._iterable:
+            return allocation
+        return {
+            name: self._readers if "read" in name.split("+") else count
+            for name, count in allocation.items()
+        }
 
     def metrics(self) -> list[dict[str, Any]]:
         """The current pipeline's per-stage measurements since the previous call."""
@@ -355,6 +396,9 @@ class _EpochIterator:
         self._stats = loader._stats
         self._done = False
         self._superseded = False
+        self._closed_early = False
+        self._readers = loader._readers
+        self._readers_ended: set[int] = set()
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -371,13 +415,25 @@ class _EpochIterator:
                     "this DataLoader iterator was ended by a newer iter() of the same loader: "
                     "agents.torch.DataLoader runs one iteration at a time"
                 )
+            if self._closed_early:
+                # As for a newer iter(): an epoch cut short must not look like a whole one.
+                raise PipelineStopped(
+                    "this DataLoader iterator was ended by the loader's close() before the "
+                    "end of its epoch: the rest of the epoch was not loaded"
+                )
             raise StopIteration
         self._stats.waiting()
         try:
             while True:
                 epoch, samples, payload = self.receiver.next(self._timeout)
-                if epoch == self.epoch:
-                    break  # what is left of an abandoned epoch is dropped
+                if epoch != self.epoch:
+                    continue  # what is left of an abandoned epoch is dropped
+                if isinstance(payload, EpochEnd):
+                    # Several readers: the epoch ends with the last one's share.
+                    self._readers_ended.add(payload.reader)
+                    if len(self._readers_ended) < self._readers:
+                        continue
+                break
         except StageFailed:
             # As torch's iterator: the failed batch raises, and the next call goes on with
             # the batches after it (the pipeline keeps running).
@@ -406,6 +462,7 @@ class _EpochIterator:
         """End this epoch early (its remaining batches are dropped); ``superseded``: by a
         newer ``iter()``, which a later ``next()`` on this one then reports."""
         self._superseded = self._superseded or (superseded and not self._done)
+        self._closed_early = self._closed_early or (not superseded and not self._done)
         self._finish()
 
     def __del__(self) -> None:
@@ -439,9 +496,12 @@ class _Receiver:
                 self._direct = iter(self.pipeline)
             try:
                 return next(self._direct)
-            except StopIteration:
+            except StopIteration:  # the loader's pipeline never ends by itself
                 self._direct = None
-                raise RuntimeError("the loader's pipeline was stopped") from None
+                raise self._stopped_error() from None
+            except PipelineStopped as exc:
+                self._direct = None
+                raise self._stopped_error() from exc
             except StageFailed:
                 self._direct = None  # the pipeline's iterator ended; a new one goes on
                 raise
@@ -449,15 +509,31 @@ class _Receiver:
             self._queue = queue.Queue(maxsize=1)
             self._thread = threading.Thread(target=self._pull, name="intune-loader", daemon=True)
             self._thread.start()
-        try:
-            kind, value = self._queue.get(timeout=timeout if timeout > 0 else None)
-        except queue.Empty:
-            raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        while True:
+            # In slices: a stop() from another thread ends the wait (its thread puts no
+            # message once stopped), rather than leaving it to the timeout, or forever.
+            left = POLL_S * 5 if deadline is None else deadline - time.monotonic()
+            try:
+                kind, value = self._queue.get(timeout=max(0.0, min(left, POLL_S * 5)))
+                break
+            except queue.Empty:
+                if self._stopped.is_set():
+                    raise self._stopped_error() from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
         if kind == "item":
             return value
         if kind == "error":
             raise value
-        raise RuntimeError("the loader's pipeline was stopped")
+        raise self._stopped_error()
+
+    def _stopped_error(self) -> PipelineStopped:
+        # One error for both ways of taking items, naming what the training loop lost.
+        return PipelineStopped(
+            "the loader's pipeline was stopped (close(), or its pipeline's stop() from another "
+            "thread) while this epoch was being read: the rest of the epoch was not loaded"
+        )
 
     def _pull(self) -> None:
         while True:
@@ -469,6 +545,8 @@ class _Receiver:
                 if not self._put(("error", exc)):
                     return
                 continue
+            except PipelineStopped:
+                pass  # the consumer is told below, by the one message for a stop
             self._put(("stopped", None))
             return
 
@@ -514,16 +592,21 @@ class _Plans:
         self._finished = max(self._finished, epoch)
 
     def close(self) -> None:
-        """Stop feeding for good."""
+        """Stop feeding for good (waking the feeder at once: the pipeline's stop waits 0.5 s
+        for its source thread, then names it as stuck in user code)."""
         self._closed = True
+        self._queue.put(None)
 
     def feed(self) -> Iterator[Item]:
         """Every epoch's items, as the consumer begins them; ends when closed."""
         while not self._closed:
             try:
-                epoch, items = self._queue.get(timeout=POLL_S * 5)
+                plan = self._queue.get(timeout=POLL_S * 5)
             except queue.Empty:
                 continue
+            if plan is None:
+                return
+            epoch, items = plan
             for item in items:
                 if self._closed or epoch != self._current or epoch <= self._finished:
                     break

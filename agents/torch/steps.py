@@ -27,9 +27,15 @@ Item = tuple[int, int, Any]
 
 @dataclass(frozen=True)
 class EpochEnd:
-    """The payload that ends an epoch."""
+    """The payload that ends an epoch; of an iterable dataset read by several readers, it
+    ends ``reader``'s share only (the epoch ends when every reader's has)."""
 
     epoch: int
+    reader: int = 0
+
+
+# The process that a WorkerSetup has set up (a forked child inherits its parent's pid here).
+_set_up_in: int | None = None
 
 
 @dataclass
@@ -39,9 +45,9 @@ class WorkerSetup:
     ``torch.utils.data.get_worker_info()``, then call ``worker_init_fn(worker_id)``.
 
     Worker ids come from ``counter`` (shared by the loader's worker processes, so every
-    process gets its own id, a worker started by a live resize the next one); ``fixed_id``
-    gives the same id to every worker of a stage instead (the reader of an iterable dataset
-    is worker 0 of 1).
+    process gets its own id, a worker started by a live resize the next one); a reader of an
+    iterable dataset passes its own id to ``ensure`` instead (reader ``i`` is worker ``i`` of
+    ``num_workers``, as torch's worker ``i`` is).
     """
 
     dataset: Any
@@ -49,15 +55,21 @@ class WorkerSetup:
     num_workers: int
     worker_init_fn: Callable[[int], None] | None = None
     counter: Any = None  # a multiprocessing.Value("i") shared by the loader's workers
-    fixed_id: int | None = None
     _pid: int = field(default_factory=os.getpid)
 
-    def ensure(self) -> None:
-        """Set this process up once; nothing in the process that built the loader."""
-        if self._pid == os.getpid():
+    def ensure(self, worker_id: int | None = None) -> None:
+        """Set this process up once (as worker ``worker_id`` if given); nothing in the
+        process that built the loader."""
+        global _set_up_in
+        if self._pid == os.getpid() or _set_up_in == os.getpid():
             return
-        self._pid = os.getpid()
-        worker_id, num_workers = self._identity()
+        # Once per process, whichever setup comes first: in a fused stage the reader's (its
+        # worker id) comes before collate's, which must not give the process another id.
+        self._pid = _set_up_in = os.getpid()
+        if worker_id is None:
+            worker_id, num_workers = self._identity()
+        else:
+            num_workers = self.num_workers
         seed = self.base_seed + worker_id
         random.seed(seed)
         torch.manual_seed(seed)
@@ -67,8 +79,6 @@ class WorkerSetup:
             self.worker_init_fn(worker_id)
 
     def _identity(self) -> tuple[int, int]:
-        if self.fixed_id is not None:
-            return self.fixed_id, 1
         if self.counter is None:
             return 0, self.num_workers
         with self.counter.get_lock():
@@ -136,31 +146,70 @@ class Step:
         return epoch, samples, payload
 
 
+# This process's slot in the ``read`` stage (``Stage.init`` sets it): which reader it is.
+_reader_slot = 0
+
+
+def set_reader_slot(slot: int) -> None:
+    """The ``read`` stage's per-worker setup: remember which reader this process is."""
+    global _reader_slot
+    _reader_slot = slot
+
+
 class Read:
-    """Iterable-style access: one worker iterates the dataset, as torch's fetcher does with
-    ``num_workers=0`` (or 1): ``batch_size`` samples per item (fewer at the end, none with
-    ``drop_last``), one sample per item without auto-batching. A new epoch (the item's tag)
-    starts a new ``iter(dataset)``; an exhausted one answers ``EpochEnd``."""
+    """Iterable-style access, as torch's workers read an ``IterableDataset``: each of
+    ``readers`` worker processes iterates its own copy of the dataset as worker ``i`` of
+    ``readers`` (``get_worker_info()``, so a dataset that splits its shards by it reads each
+    shard once, and one that does not is read ``readers`` times, as with torch): ``batch_size``
+    samples per item (fewer at the end of a reader's share, none with ``drop_last``), one
+    sample per item without auto-batching. A new epoch (the tick's tag) starts a new
+    ``iter(dataset)``; an exhausted reader answers ``EpochEnd(epoch, reader)``.
+
+    ``begun`` (a shared array, one entry per reader) records the last epoch each reader began:
+    a reader process started again in the middle of an epoch (its predecessor died) cannot
+    know where that one was, so it fails the epoch instead of reading its share twice."""
 
     def __init__(
-        self, dataset: Any, batch_size: int | None, drop_last: bool, setup: WorkerSetup
+        self,
+        dataset: Any,
+        batch_size: int | None,
+        drop_last: bool,
+        setup: WorkerSetup,
+        readers: int = 1,
+        begun: Any = None,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.setup = setup
+        self.readers = readers
+        self.begun = begun
         self._epoch: int | None = None
         self._iterator: Any = None
         self._ended = False
 
     def __call__(self, tick: Item) -> Item:
-        """Read the next item of the tick's epoch."""
+        """Read this reader's next item of the tick's epoch."""
         epoch = tick[0]
-        self.setup.ensure()
+        reader = _reader_slot
+        if reader >= self.readers:
+            raise RuntimeError(
+                f"a reader process of the IterableDataset died mid-epoch and was replaced (slot "
+                f"{reader}, past the {self.readers} readers): the new one cannot resume the "
+                "dead one's share where it was, so the epoch is incomplete; see the earlier "
+                "error of that worker, then start the epoch again"
+            )
+        self.setup.ensure(worker_id=reader)
         if epoch != self._epoch:
-            self._epoch, self._ended = epoch, False
+            self._begin(epoch, reader)
+            # Ended until iter() returns: a dataset whose __iter__ raises gives its error once
+            # and then the end of the epoch, as a generator that raised. Before, every next
+            # tick raised again (next() on no iterator), and a loop that skips failed batches
+            # never saw the epoch end.
+            self._epoch, self._ended, self._iterator = epoch, True, None
             self._iterator = iter(self.dataset)
-        end = (epoch, 0, EpochEnd(epoch))
+            self._ended = False
+        end = (epoch, 0, EpochEnd(epoch, reader))
         if self._ended:
             return end
         if self.batch_size is None:
@@ -175,6 +224,19 @@ class Read:
             if not samples or self.drop_last:
                 return end
         return epoch, len(samples), samples
+
+    def _begin(self, epoch: int, reader: int) -> None:
+        if self.begun is None:
+            return
+        with self.begun.get_lock():
+            if self.begun[reader] >= epoch:
+                raise RuntimeError(
+                    f"a reader process of the IterableDataset died mid-epoch and was replaced "
+                    f"(reader {reader}, epoch {epoch}): the new one cannot resume the dead "
+                    "one's share where it was, so the epoch is incomplete; see the earlier "
+                    "error of that worker, then start the epoch again"
+                )
+            self.begun[reader] = epoch
 
 
 def stage_names(transforms: Any, reserved: Sequence[str]) -> list[tuple[str, Callable]]:

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.dlrm import build_pipeline, ensure_dataset
+from agents.pipeline import consume_until
 from benchmarks.pipeline import measure as bench
 
 console = Console(stderr=True, soft_wrap=True)
@@ -80,9 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pipeline = build_pipeline(data_dir, batch_size=args.batch_size)
     with pipeline:
         stop = threading.Event()
-        threading.Thread(
-            target=lambda: [None for _ in pipeline if stop.is_set() and False], daemon=True
-        ).start()
+        threading.Thread(target=consume_until, args=(pipeline, stop), daemon=True).start()
         time.sleep(1.0)
         result["sampling"] = bench.sampling_cost(pipeline)
         stop.set()

@@ -22,7 +22,7 @@ from agents.budget import cpu_slots
 from agents.dlrm import build_pipeline
 from agents.dlrm.generate import load_index
 from agents.dlrm.stages import Transform, chunk_tasks, collate, parse, read
-from agents.pipeline import Pipeline, Stage, fuse_groups, heap
+from agents.pipeline import Pipeline, Stage, consume_until, fuse_groups, heap
 
 PROCESS_STAGES = ["read", "parse", "transform", "collate"]
 
@@ -354,13 +354,8 @@ def resize_latency(
     pipeline = build_pipeline(data_dir, batch_size=batch_size, queue_size=8)
     stop = threading.Event()
 
-    def drain() -> None:
-        for _ in pipeline:
-            if stop.is_set():
-                return
-
     with pipeline:
-        consumer = threading.Thread(target=drain, daemon=True)
+        consumer = threading.Thread(target=consume_until, args=(pipeline, stop), daemon=True)
         consumer.start()
         time.sleep(1.0)
         for _ in range(resizes):

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from agents.daemon.agent import Agent, AgentConfig
-from agents.pipeline import Pipeline, Stage
+from agents.pipeline import Pipeline, Stage, consume_until
 from tests.support.standin_control_plane import StandinControlPlane
 
 STAGES = ["parse", "transform"]
@@ -54,12 +54,13 @@ class Consumer:
         self._thread = threading.Thread(target=self._run, name="test-consumer", daemon=True)
 
     def _run(self) -> None:
-        for item in self.pipeline:
+        def step(item) -> None:
             self.items.append(item)
             self.times.append(time.monotonic())
-            if self._stop.is_set():
-                return
-            time.sleep(self.step_s)  # the "training step"
+            if not self._stop.is_set():
+                time.sleep(self.step_s)  # the "training step"
+
+        consume_until(self.pipeline, self._stop, step)
 
     def start(self) -> Consumer:
         self._thread.start()

@@ -29,6 +29,25 @@ def two_ranks():
         p.stop()
 
 
+def host_total(pipelines) -> dict[str, int]:
+    """The workers per stage the host's ranks run together."""
+    total: dict[str, int] = {}
+    for p in pipelines:
+        for stage, count in p.allocation.items():
+            total[stage] = total.get(stage, 0) + count
+    return total
+
+
+def applied_shares(pipelines, per_rank: dict[str, int]) -> bool:
+    """Whether every rank runs a share of ``per_rank`` (at least one worker a stage) and the
+    shares keep the host's total, ``len(pipelines) x per_rank``. The shares are equal only when
+    the ranks measure alike (agents.budget.split_across_ranks); under CPU load two identical
+    pipelines may not, and the host agent splits the same total by their needs."""
+    return all(min(p.allocation.values()) >= 1 for p in pipelines) and host_total(pipelines) == {
+        stage: len(pipelines) * count for stage, count in per_rank.items()
+    }
+
+
 def attach_ranks(control_plane, host, pipelines, socket_name):
     return [
         attach(
@@ -78,9 +97,9 @@ def test_two_ranks_report_as_one_host_and_both_apply_its_allocation(
         fits = {"parse": budget // 2 - 1, "transform": 1}
         control_plane.publish(host.id, fits)
         wait_for(
-            lambda: [p.allocation for p in two_ranks] == [fits] * 2,
-            what="both ranks to apply the allocation",
+            lambda: applied_shares(two_ranks, fits), what="both ranks to apply their shares"
         )
+        assert all(p.allocation.keys() == fits.keys() for p in two_ranks)
         wait_for(lambda: agent.applied_version == 3, what="the host to report it")
         wait_for(
             lambda: (
@@ -103,13 +122,16 @@ def test_the_other_rank_takes_over_when_the_host_agents_rank_ends(
         wait_for(lambda: all(a.link.connected.is_set() for a in attached), what="both connected")
         control_plane.publish(host.id, {"parse": 2, "transform": 1})
         wait_for(
-            lambda: [p.allocation for p in two_ranks] == [{"parse": 2, "transform": 1}] * 2,
-            what="both ranks to apply the allocation",
+            lambda: applied_shares(two_ranks, {"parse": 2, "transform": 1}),
+            what="both ranks to apply their shares",
         )
         hosting = next(a for a in attached if a.agent is not None)
         other = next(a for a in attached if a is not hosting)
+        share = dict(two_ranks[other.rank].allocation)
         hosting.stop()  # the host agent's rank ends; the other keeps training
-        assert two_ranks[other.rank].allocation == {"parse": 2, "transform": 1}
+        assert two_ranks[other.rank].allocation == share
+        # Alone on the host, it is the whole job: the next host agent (its own) gives it the
+        # allocation in force whole.
         wait_for(lambda: other.agent is not None, timeout=15, what="the other rank to take over")
         wait_for(lambda: other.agent.applied_version == 2, timeout=15, what="it to catch up")
         assert two_ranks[other.rank].allocation == {"parse": 2, "transform": 1}

@@ -78,7 +78,8 @@ def _idle_with(dataset, fetchers: int) -> dict:
         time.sleep(1.5)
         stats = trainer.stats()
         stop.set()
-        runner.join()
+        runner.join(timeout=30)
+        assert not runner.is_alive(), "the trainer did not stop when asked"
     return stats
 
 

@@ -93,5 +93,6 @@ def test_a_wait_in_progress_is_counted_when_stats_are_taken():
         pipeline.consumer_stats()
         time.sleep(0.5)
         stats = pipeline.consumer_stats()
-        consumer.join()
+        consumer.join(timeout=10)
+        assert not consumer.is_alive(), "the consumer never got its item"
     assert stats["idle_fraction"] > 0.9

@@ -14,7 +14,7 @@ import psutil
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from agents.pipeline import Pipeline, Stage, StageFailed
+from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed
 from tests.agents.pipeline.stress import STOP_BOUND_S, bounded
 
 CASE_BOUND_S = 30.0  # the watchdog's: a whole case, stop included
@@ -71,7 +71,7 @@ def test_a_users_source_and_an_early_break_never_hang(n, end, kinds, take):
     pipeline = Pipeline(Source(n, end, release), stages, stop_timeout_s=1.0, queue_size=4)
     faulthandler.dump_traceback_later(CASE_BOUND_S, exit=True, file=sys.stderr)
     try:
-        received, error = [], []
+        received, error, stopped = [], [], []
 
         def consume():
             iterator = iter(pipeline)
@@ -80,6 +80,8 @@ def test_a_users_source_and_an_early_break_never_hang(n, end, kinds, take):
                 received.extend(itertools.islice(iterator, take))
             except StageFailed as exc:
                 error.append(exc)
+            except PipelineStopped as exc:
+                stopped.append(exc)
             del iterator
             gc.collect()  # the dropped iterator is collected while the pipeline runs
 
@@ -92,6 +94,8 @@ def test_a_users_source_and_an_early_break_never_hang(n, end, kinds, take):
             _, took = bounded("stop", STOP_BOUND_S, pipeline.stop)
             consumer.join(TAKE_BOUND_S)
             assert not consumer.is_alive(), "stop() left the consumer waiting"
+            # Told, not ended quietly as if the source had ended.
+            assert stopped or error, "the consumer's loop ended quietly on stop()"
         else:
             bounded("the consumer", TAKE_BOUND_S, consume)
             _, took = bounded("stop", STOP_BOUND_S, pipeline.stop)

@@ -173,12 +173,12 @@ def test_an_iterable_dataset_is_read_once_as_torch_reads_it_without_workers(
     datasets, same_epoch, batch_size, drop_last
 ):
     dataset = datasets.Counting(23)
-    ours = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=2,
+    ours = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=0,
                       transforms=[torch.neg])  # fmt: skip
     negated = tud.DataLoader(dataset, batch_size=batch_size, drop_last=drop_last,
                              collate_fn=_negated_collate(batch_size))  # fmt: skip
     try:
-        assert ours.stage_names == ["read", "neg+collate"]
+        assert ours.stage_names == ["read+neg+collate"]
         for _ in range(2):
             same_epoch(ours, negated)
     finally:
@@ -189,16 +189,6 @@ def _negated_collate(batch_size):
     if batch_size is None:
         return lambda sample: tud.default_convert(torch.neg(sample))
     return lambda samples: tud.default_collate([torch.neg(s) for s in samples])
-
-
-def test_an_iterable_dataset_that_splits_by_worker_info_is_read_whole(datasets, same_epoch):
-    dataset = datasets.Counting(17)
-    ours = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
-    try:
-        for _ in range(2):
-            same_epoch(ours, tud.DataLoader(dataset, batch_size=4, num_workers=1))
-    finally:
-        ours.close()
 
 
 Point = namedtuple("Point", ["x", "y"])
