@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -39,6 +40,17 @@ def counting_pipeline(**stage_options: dict) -> Pipeline:
         queue_size=8,
         name="counting",
     )
+
+
+def applied_shares(pipelines, per_rank: dict[str, int]) -> bool:
+    """Whether every rank runs a share of ``per_rank`` (at least one worker a stage) and the
+    shares keep the host's total, ``len(pipelines) x per_rank``. The shares are equal only when
+    the ranks measure alike (agents.budget.split_across_ranks); under CPU load two identical
+    pipelines may not, and the host agent splits the same total by their needs."""
+    host_total = sum((Counter(p.allocation) for p in pipelines), Counter())
+    return all(min(p.allocation.values()) >= 1 for p in pipelines) and host_total == {
+        stage: len(pipelines) * count for stage, count in per_rank.items()
+    }
 
 
 class Consumer:

@@ -18,7 +18,7 @@ import pytest
 from agents import attach
 from agents.daemon.ranks import socket_address, someone_listens
 
-from .conftest import Consumer, counting_pipeline
+from .conftest import Consumer, applied_shares, counting_pipeline
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -69,12 +69,13 @@ def test_ranks_report_through_the_sidecar_and_take_over_when_it_ends(
         assert all(a.agent is None for a in attached), "no rank hosts the agent: the sidecar does"
         control_plane.publish(host.id, {"parse": 2, "transform": 1})
         wait_for(
-            lambda: [p.allocation for p in two_ranks] == [{"parse": 2, "transform": 1}] * 2,
-            what="both ranks to apply the sidecar's allocation",
+            lambda: applied_shares(two_ranks, {"parse": 2, "transform": 1}),
+            what="both ranks to apply their shares of the sidecar's allocation",
         )
+        shares = [dict(p.allocation) for p in two_ranks]
         sidecar.send_signal(signal.SIGTERM)
         assert sidecar.wait(20) == 0
-        assert [p.allocation for p in two_ranks] == [{"parse": 2, "transform": 1}] * 2
+        assert [p.allocation for p in two_ranks] == shares, "the ranks keep what they run"
         wait_for(
             lambda: sum(a.agent is not None for a in attached) == 1,
             timeout=20,
