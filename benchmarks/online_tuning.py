@@ -660,6 +660,9 @@ def decision_log(decisions: list[dict], started: float) -> list[dict]:
                 "workers": d.get("workers"),
                 "action": d.get("action"),
                 "explored": (d.get("info") or {}).get("explored"),
+                # intune's measured-best rule behind the move (tuner.incumbent): "incumbent",
+                # "measure", "onward", "return", "probe" or "policy".
+                "measured_best": (d.get("info") or {}).get("measured_best"),
                 # intune's online gradient steps so far: does learning move the final window?
                 "learn_steps": (d.get("info") or {}).get("learn_steps"),
                 "reward": d.get("reward"),
