@@ -26,9 +26,10 @@ object store) uses little CPU however long it waits. So the budget counts CPU sl
   worker is known, is at most the memory budget.
 
 When the host's CPUs are saturated, a worker is measured using less CPU than it would use: time
-slicing, not waiting, holds it back. Then each stage's CPU per busy worker is divided by the
-largest among the stages (a stage that computes gets exactly its share of a CPU) before it is
-compared with one half, so a stage counts as waiting only next to the stages that compute.
+slicing, not waiting, holds it back. Then each stage's CPU per busy worker, at most one, is
+divided by the largest among the stages (a stage that computes gets exactly its share of a CPU)
+before it is compared with one half, so a stage counts as waiting only next to the stages that
+compute; the division only ever raises a stage's reading.
 
 This module imports nothing of the project: the agent, the control plane (``webapp/``) and the
 tuner (``tuner/``) all import it.
@@ -147,7 +148,13 @@ def relative_cpu_per_busy_worker(
         # the CPU it got; one that waits costs the CPU it used. Its wake-ups wait on a loaded
         # host's run queue too, and that wait is the load's, not a cost of the worker.
         used = cpu_per_busy_worker(float(cpu), workers, busy)
-        raw[str(stage["name"])] = wanted if wanted >= WAITING_BELOW or used is None else used
+        value = wanted if wanted >= WAITING_BELOW or used is None else used
+        # No worker takes more than one CPU. A stage busy a few percent of the time reads
+        # above one (its workers' CPU outside the timed function: hand-offs, queue waits),
+        # and as the scale below it would deflate the stages that compute into waiting ones
+        # (measured on the DLRM pipeline under load: prefetch at 2.6 CPUs per busy worker
+        # made parse read 0.38, and both intune and prior gave parse 7 to 9 workers on 2 CPUs).
+        raw[str(stage["name"])] = min(1.0, value)
     saturated = host_cpu_percent is not None and host_cpu_percent >= SATURATED_PERCENT
     scale = max(raw.values(), default=0.0) if saturated else 1.0
     if scale <= 0:
