@@ -35,7 +35,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.budget import REBALANCE_GAIN, rank_need, split_across_ranks, split_gain
+from agents.budget import (
+    REBALANCE_GAIN,
+    StageBudget,
+    rank_need,
+    shape_problems,
+    split_across_ranks,
+    split_gain,
+)
 from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
 
 log = logging.getLogger("agents.daemon.ranks")
@@ -114,6 +121,11 @@ def someone_listens(address: str) -> bool:
     return True
 
 
+#: The longest one wait for the socket lasts before it looks whether the connection was closed
+#: here (a thread blocked in ``recv`` is not woken by another thread's ``close``).
+RECEIVE_SLICE_S = 0.2
+
+
 class _Lines:
     """Newline-delimited JSON over a stream socket, bounded."""
 
@@ -121,6 +133,7 @@ class _Lines:
         self.sock = sock
         self._buffer = b""
         self._send_lock = threading.Lock()
+        self._closed = threading.Event()
 
     def send(self, message: Mapping[str, Any]) -> None:
         data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
@@ -129,17 +142,20 @@ class _Lines:
 
     def receive(self, timeout_s: float) -> dict | None:
         """The next message, or ``None`` when none came within ``timeout_s``; raises
-        ``ConnectionError`` when the other side closed, ``ValueError`` on a bad line."""
+        ``ConnectionError`` when the other side closed or this side was closed meanwhile,
+        ``ValueError`` on a bad line."""
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buffer:
+            if self._closed.is_set():
+                raise ConnectionError("the connection was closed here")
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            self.sock.settimeout(left)
+            self.sock.settimeout(min(left, RECEIVE_SLICE_S))
             try:
                 chunk = self.sock.recv(65536)
             except TimeoutError:
-                return None
+                continue
             if not chunk:
                 raise ConnectionError("the other side closed the connection")
             self._buffer += chunk
@@ -152,6 +168,7 @@ class _Lines:
         return message
 
     def close(self) -> None:
+        self._closed.set()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
@@ -437,7 +454,23 @@ class HostPipelines:
         share in force). Ranks that connect later get theirs too.
 
         The ranks move shrink first (:meth:`_move`): at no moment do they run more workers of
-        a stage than the old or the new allocation gives the host."""
+        a stage than the old or the new allocation gives the host.
+
+        An allocation that leaves out or invents a stage, or asks a stage for fewer than one
+        or more than its ``max_workers`` workers, raises ``ValueError`` and changes nothing:
+        the split could not give every rank its part of it (a rank's share is capped at the
+        stage's bound), and a rank joining later would be sent it whole and refuse it. So does
+        one that comes before any rank said hello (the stages and their bounds are unknown)."""
+        if not self.stage_names:
+            raise ValueError(
+                "no rank has said hello yet, so the pipeline's stages are unknown; wait for "
+                "them (wait_for_stages) before applying an allocation"
+            )
+        problems = shape_problems(
+            workers, [StageBudget(s.name, s.max_workers) for s in self.stages]
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
         workers = {str(k): int(v) for k, v in workers.items()}
         with self._moving:
             with self._lock:
@@ -472,6 +505,8 @@ class HostPipelines:
         answered, the ranks that grow are sent their share."""
         with self._lock:
             current = {r.rank: dict(r.allocation) for r in targets}
+        # A move back after a refusal leaves the rank that refused out of ``targets``.
+        shares = {rank: share for rank, share in shares.items() if rank in current}
         shrunk = {
             rank: {
                 stage: min(count, current[rank].get(stage, count)) for stage, count in share.items()
@@ -707,6 +742,7 @@ class RankLink:
         self.connections = 0
         self.connected = threading.Event()
         self._stop = threading.Event()
+        self._hosting_lock = threading.Lock()  # around self.hosted's changes
         self._thread: threading.Thread | None = None
         self._lines: _Lines | None = None
 
@@ -726,9 +762,10 @@ class RankLink:
             lines.close()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self.hosted is not None:
-            self.hosted.stop()
-            self.hosted = None
+        with self._hosting_lock:  # not while the link's thread is starting one
+            hosted, self.hosted = self.hosted, None
+        if hosted is not None:
+            hosted.stop()
 
     @property
     def hosting(self) -> bool:
@@ -747,17 +784,38 @@ class RankLink:
 
     def _reach_host(self) -> socket.socket | None:
         sock = self._connect()
-        if sock is not None or self.host_here is None or self.hosted is not None:
+        if sock is not None or self.host_here is None:
             return sock
         listener = bind_listener(self.address)
         if listener is None:
-            return None  # another rank is becoming the host agent: connect next time
+            return None  # another rank is (becoming) the host agent: connect next time
+        with self._hosting_lock:
+            if self._stop.is_set():
+                listener.close()
+                return None
+            # The address was free: a host agent this rank runs no longer listens on it (its
+            # hub stopped under it), and while it is held no rank would ever host another.
+            stale, self.hosted = self.hosted, None
+        if stale is not None:
+            log.warning(
+                "rank %d's host agent no longer listens on the ranks' socket; stopping it and "
+                "starting another",
+                self.rank,
+            )
+            try:
+                stale.stop()
+            except Exception:
+                log.exception("rank %d could not stop its old host agent", self.rank)
         log.info("rank %d hosts the agent for the host's %d ranks", self.rank, self.ranks)
-        try:
-            self.hosted = self.host_here(listener)
-        except Exception:
-            listener.close()
-            raise
+        with self._hosting_lock:
+            if self._stop.is_set():
+                listener.close()
+                return None
+            try:
+                self.hosted = self.host_here(listener)
+            except Exception:
+                listener.close()
+                raise
         return self._connect()
 
     def _run(self) -> None:
