@@ -490,19 +490,21 @@ class HostPipelines:
             if previous is not None:
                 back = {r.rank: previous_split.get(r.rank, previous) for r in targets}
                 self._move([r for r in targets if r.rank not in refused], back)
-        raise RuntimeError(
-            "; ".join(f"rank {rank} refused it: {reason}" for rank, reason in refused.items())
-        )
+        raise RuntimeError("; ".join(f"rank {rank} {said}" for rank, said in refused.items()))
 
     def _move(self, targets: list[_Rank], shares: dict[int, dict[str, int]]) -> dict[int, str]:
         """Bring each of ``targets`` to its share, shrink before grow; return the ranks that
-        refused, with their reasons (then the move stopped where it was).
+        refused it or stayed silent while they shrank, each with what it did ("refused it:
+        <reason>", "did not answer ..."); then the move stopped where it was.
 
         Sent at once, a share that grows could start its workers before another rank's share
         that shrinks had stopped its own, and the host would run more than its slots in
         between (a 2-rank job was seen at 14 workers on 12 slots). So each rank first goes to
         the smaller of its current and its new count per stage, and once every rank has
-        answered, the ranks that grow are sent their share."""
+        answered, the ranks that grow are sent their share. A rank silent while it shrinks
+        still runs its workers as far as the host knows (its process may be stopped, or
+        starved of CPU): growing the others into its slots would overrun the host, so its
+        silence stops the move as a refusal does."""
         with self._lock:
             current = {r.rank: dict(r.allocation) for r in targets}
         # A move back after a refusal leaves the rank that refused out of ``targets``.
@@ -513,19 +515,20 @@ class HostPipelines:
             }
             for rank, share in shares.items()
         }
-        for step in (shrunk, shares):
+        for step, silence_refuses in ((shrunk, True), (shares, False)):
             moving = [r for r in targets if step[r.rank] != current[r.rank]]
-            refused = self._send_and_wait(moving, step)
+            refused = self._send_and_wait(moving, step, silence_refuses)
             if refused:
                 return refused
             current = {rank: dict(share) for rank, share in step.items()}
         return {}
 
     def _send_and_wait(
-        self, targets: list[_Rank], shares: dict[int, dict[str, int]]
+        self, targets: list[_Rank], shares: dict[int, dict[str, int]], silence_refuses: bool
     ) -> dict[int, str]:
         """Send each rank its share under a new generation and wait (bounded) for the answers;
-        disconnect the ranks silent past ``apply_timeout_s``; return those that refused."""
+        disconnect the ranks silent past ``apply_timeout_s``; return those that refused (and
+        the silent ones when ``silence_refuses``), each with what it did."""
         if not targets:
             return {}
         with self._lock:
@@ -545,6 +548,7 @@ class HostPipelines:
             )
             answers = {r.rank: r.answers.get(generation, "") for r in targets}
             still = {r.rank: self._connected.get(r.rank) is r for r in targets}
+        said = {rank: f"refused it: {reason}" for rank, reason in answers.items() if reason}
         for r in targets:
             if answers[r.rank] == "" and still[r.rank]:
                 log.warning(
@@ -553,7 +557,13 @@ class HostPipelines:
                     shares[r.rank],
                 )
                 self._drop(r)
-        return {rank: reason for rank, reason in answers.items() if reason}
+                if silence_refuses:
+                    said[r.rank] = (
+                        f"did not answer its smaller share {shares[r.rank]} within "
+                        f"{self.apply_timeout_s:g} s (apply_timeout_s); it may still run its "
+                        "workers, so no rank grew into them"
+                    )
+        return said
 
     # -- the socket -------------------------------------------------------------------------
 

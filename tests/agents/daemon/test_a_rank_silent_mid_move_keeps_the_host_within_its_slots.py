@@ -1,0 +1,53 @@
+"""A rank that stops answering while its share shrinks still runs its workers: the host agent
+must not grow the other ranks into the slots it has not given back.
+
+Found by tests/agents/daemon/test_generated_rank_moves_never_hang.py: the hub dropped the silent
+rank after apply_timeout_s and went on to grow the others, so a 2-rank host with 4 slots ran
+3 + 3 workers until the silent rank came back. A silence in the shrink step now stops the move
+like a refusal (the ranks that shrank go back); a silence once every rank has shrunk does not.
+"""
+
+import pytest
+
+from .rank_ends import RankEnd, host_with_ranks
+
+
+class SilentEnd(RankEnd):
+    """A rank whose process stopped answering: it takes in nothing the host sends."""
+
+    def send(self, message: dict) -> None:
+        self.sent.append(message)
+
+
+def _two_ranks(silent: int):
+    # Per rank 2 workers of parse, split 3 / 1 by need; rank 0 has since gone quiet, rank 1 busy.
+    host, ends = host_with_ranks([({"parse": 3}, 0.1, False), ({"parse": 1}, 0.9, False)])
+    host.apply_timeout_s = 0.3
+    host._in_force, host._split = {"parse": 2}, {0: {"parse": 3}, 1: {"parse": 1}}
+    quiet = ends[silent] = SilentEnd(host, ends, silent, False)
+    quiet.workers, quiet.link = dict(host._connected[silent].allocation), host._connected[silent]
+    quiet.link.lines = quiet
+    return host, ends
+
+
+def test_a_rank_silent_while_it_shrinks_stops_the_move_and_the_others_do_not_grow():
+    host, ends = _two_ranks(silent=0)
+
+    with pytest.raises(RuntimeError, match="rank 0 did not answer"):
+        host.apply({"parse": 2})  # by need: rank 0 to 1, rank 1 to 3
+
+    assert [m["workers"] for m in ends[0].sent] == [{"parse": 1}], "rank 0 was asked to shrink"
+    assert ends[1].sent == [], "rank 1 never grew while rank 0 still ran 3"
+    assert ends[0].workers["parse"] + ends[1].workers["parse"] <= 4
+    assert host.connected_ranks() == [1], "the silent rank is disconnected (it will reconnect)"
+    assert host._in_force == {"parse": 2} and host._split[1] == {"parse": 1}
+
+
+def test_a_rank_silent_while_it_grows_leaves_the_others_on_their_new_shares():
+    host, ends = _two_ranks(silent=1)
+
+    host.apply({"parse": 2})  # rank 0 shrank to 1 and answered; rank 1's growth goes unanswered
+
+    assert ends[0].workers == {"parse": 1}
+    assert [m["workers"] for m in ends[1].sent] == [{"parse": 3}]
+    assert host.connected_ranks() == [0]
