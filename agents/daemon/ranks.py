@@ -267,6 +267,9 @@ class HostPipelines:
         self._generation = 0
         # Held for the whole of a move of the ranks' shares (an allocation, a rebalance).
         self._moving = threading.Lock()
+        # The ranks that said hello while a move was in flight (None when none is): they are
+        # sent their share once the move has ended, of the allocation in force by then.
+        self._joined_mid_move: list[_Rank] | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -410,7 +413,7 @@ class HostPipelines:
         Nothing moves until every connected rank reported lately, nor when fewer than two
         are connected. The move is :meth:`_move`'s, shrink first; a rank that refuses leaves
         the ranks where they were."""
-        with self._moving:
+        with self._a_move():
             with self._lock:
                 in_force = None if self._in_force is None else dict(self._in_force)
                 targets = list(self._connected.values())
@@ -472,7 +475,7 @@ class HostPipelines:
         if problems:
             raise ValueError("; ".join(problems))
         workers = {str(k): int(v) for k, v in workers.items()}
-        with self._moving:
+        with self._a_move():
             with self._lock:
                 previous = self._in_force
                 previous_split = dict(self._split)
@@ -491,6 +494,36 @@ class HostPipelines:
                 back = {r.rank: previous_split.get(r.rank, previous) for r in targets}
                 self._move([r for r in targets if r.rank not in refused], back)
         raise RuntimeError("; ".join(f"rank {rank} {said}" for rank, said in refused.items()))
+
+    @contextlib.contextmanager
+    def _a_move(self):
+        """Hold the move lock, and send the ranks that joined meanwhile their share at the end.
+
+        A rank that says hello in the middle of a move is not one of its targets: sent the
+        share in force when it joined, it would keep the previous allocation's share when the
+        move goes through (or the new one when the move is refused and the others go back),
+        while the hub counts it on the other."""
+        with self._moving:
+            with self._lock:
+                self._joined_mid_move = []
+            try:
+                yield
+            finally:
+                self._end_of_move()
+
+    def _end_of_move(self) -> None:
+        with self._lock:
+            joined, self._joined_mid_move = self._joined_mid_move or [], None
+            sends = []
+            for r in joined:
+                share = self._split.get(r.rank, self._in_force)
+                if self._connected.get(r.rank) is r and share is not None:
+                    if share != r.allocation:
+                        sends.append((r, dict(share)))
+            generation = self._generation
+        for r, share in sends:
+            log.info("rank %d joined during a move; sending it its share %s", r.rank, share)
+            self._send(r, {"type": "allocation", "generation": generation, "workers": share})
 
     def _move(self, targets: list[_Rank], shares: dict[int, dict[str, int]]) -> dict[int, str]:
         """Bring each of ``targets`` to its share, shrink before grow; return the ranks that
@@ -627,6 +660,11 @@ class HostPipelines:
             self._connected[rank] = r
             in_force = self._split.get(rank, self._in_force)
             generation = self._generation
+            if self._joined_mid_move is not None:
+                # The share in force may change before the move ends (it may be refused, the
+                # split is of the ranks it started with); _end_of_move sends the final one.
+                self._joined_mid_move.append(r)
+                in_force = None
         if replaced is not None:
             replaced.lines.close()
         if in_force is not None and in_force != r.allocation:

@@ -419,7 +419,24 @@ def _finish(host: Host, tally: Tally) -> None:
     hub = host.hub()
     allocation = {"read": 2, "parse": 1, "collate": MAX_WORKERS}
     _apply(host, hub, allocation, tally)
-    shares = {r: host.pipelines[r].allocation for r in live}
-    total = sum((Counter(s) for s in shares.values()), Counter())
-    assert all(min(s.values()) >= 1 for s in shares.values()), (shares, str(scenario))
-    assert total == {s: len(live) * n for s, n in allocation.items()}, (shares, str(scenario))
+    expected = {s: len(live) * n for s, n in allocation.items()}
+
+    def settled() -> bool:
+        shares = [host.pipelines[r].allocation for r in live]
+        total = sum((Counter(share) for share in shares), Counter())
+        return (
+            hub.connected_ranks() == live
+            and _on_their_shares(host, hub)
+            and all(min(share.values()) >= 1 for share in shares)
+            and total == expected
+        )
+
+    wait_until(
+        settled,
+        SETTLE_S,
+        lambda: (
+            f"every rank on its share of {allocation}, {expected} in all; connected "
+            f"{hub.connected_ranks()}, shares {[host.pipelines[r].allocation for r in live]}"
+        ),
+        scenario,
+    )
