@@ -51,6 +51,9 @@ log = logging.getLogger("agents.daemon.ranks")
 MAX_LINE_BYTES = 2**20
 #: A rank that has said nothing for this many report intervals is left out of the host's sums.
 STALE_INTERVALS = 5
+#: A rank that runs other than its share (it refused the share it was sent when it joined, or
+#: failed to apply it) is sent its share again after this many report intervals.
+RESEND_INTERVALS = 5
 #: Bounds of a rank's wait between two attempts to reach (or become) the host agent.
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
@@ -230,6 +233,7 @@ class _Rank:
         self.report: dict | None = None
         self.reported_at = time.monotonic()
         self.answers: dict[int, str | None] = {}  # generation -> None (applied) or the reason
+        self.share_sent_at = float("-inf")  # when it was last sent its share outside a move
 
 
 class HostPipelines:
@@ -523,6 +527,7 @@ class HostPipelines:
             generation = self._generation
         for r, share in sends:
             log.info("rank %d joined during a move; sending it its share %s", r.rank, share)
+            r.share_sent_at = time.monotonic()
             self._send(r, {"type": "allocation", "generation": generation, "workers": share})
 
     def _move(self, targets: list[_Rank], shares: dict[int, dict[str, int]]) -> dict[int, str]:
@@ -668,6 +673,7 @@ class HostPipelines:
         if replaced is not None:
             replaced.lines.close()
         if in_force is not None and in_force != r.allocation:
+            r.share_sent_at = time.monotonic()
             self._send(r, {"type": "allocation", "generation": generation, "workers": in_force})
         log.info(
             "rank %d (pid %d) joined; ranks connected: %s", rank, r.pid, self.connected_ranks()
@@ -687,6 +693,7 @@ class HostPipelines:
                 if message is None:
                     raise TimeoutError(f"rank {r.rank} said nothing for {silence:.0f} s")
                 self._handle(r, message)
+                self._resend_share(r)
         except (OSError, ValueError, TypeError, KeyError, ConnectionError) as exc:
             if not self._stop.is_set():
                 log.info("rank connection ended: %s", exc)
@@ -699,6 +706,43 @@ class HostPipelines:
                     self._say_left(r)
             else:
                 lines.close()
+
+    def _resend_share(self, r: _Rank) -> None:
+        """Send ``r`` its share again when it runs something else and was last sent it
+        :data:`RESEND_INTERVALS` reports ago: a rank that refused the share it was sent at
+        hello (its pipeline failed to resize, say) would otherwise run its own allocation for
+        good while the hub counts it on its share, and one that joined with more workers than
+        its share would keep the host above its slots. Never during a move (the move sends
+        the shares then, and a share sent beside it could land after the move's own)."""
+
+        def due() -> tuple[dict, int] | None:
+            with self._lock:
+                share = self._split.get(r.rank, self._in_force)
+                wait = RESEND_INTERVALS * max(self.interval_s, 0.1)
+                if (
+                    share is None
+                    or share == r.allocation
+                    or self._connected.get(r.rank) is not r
+                    or time.monotonic() - r.share_sent_at < wait
+                ):
+                    return None
+                return dict(share), self._generation
+
+        if due() is None or not self._moving.acquire(blocking=False):
+            return
+        try:
+            again = due()  # a move may have ended between the two looks
+            if again is None:
+                return
+            share, generation = again
+            log.warning(
+                "rank %d runs %s, not its share %s of the allocation in force; sending it again",
+                r.rank, r.allocation, share,
+            )  # fmt: skip
+            r.share_sent_at = time.monotonic()
+            self._send(r, {"type": "allocation", "generation": generation, "workers": share})
+        finally:
+            self._moving.release()
 
     def _say_left(self, r: _Rank) -> None:
         """Log a rank's leaving and what becomes of its share. Shares are per rank: a rank's
