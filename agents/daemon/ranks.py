@@ -58,6 +58,9 @@ RESEND_INTERVALS = 5
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
 SOCKET_ENV = "INTUNE_RANK_SOCKET"
+#: The longest HostPipelines.stop() waits for its threads (each ends within RECEIVE_SLICE_S
+#: of its connection's close, or within its move's apply_timeout_s).
+STOP_TIMEOUT_S = 2.0
 #: Seconds between two looks of the host agent at its ranks' needs (:meth:`HostPipelines.rebalance`).
 REBALANCE_S = 10.0
 
@@ -275,35 +278,50 @@ class HostPipelines:
         # sent their share once the move has ended, of the allocation in force by then.
         self._joined_mid_move: list[_Rank] | None = None
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # under self._lock
+        self._connections: set[_Lines] = set()  # under self._lock
 
     # -- life cycle -------------------------------------------------------------------------
 
     def start(self) -> HostPipelines:
         """Accept ranks in a background thread."""
-        t = threading.Thread(target=self._accept_loop, name="intune-ranks-accept", daemon=True)
-        t.start()
-        self._threads.append(t)
+        threads = [
+            threading.Thread(target=self._accept_loop, name="intune-ranks-accept", daemon=True)
+        ]
         if self.rebalance_s:
-            t = threading.Thread(
-                target=self._rebalance_loop, name="intune-ranks-rebalance", daemon=True
+            threads.append(
+                threading.Thread(
+                    target=self._rebalance_loop, name="intune-ranks-rebalance", daemon=True
+                )
             )
-            t.start()
-            self._threads.append(t)
+        with self._lock:  # started under the lock: stop() joins only started threads
+            self._threads.extend(threads)
+            for t in threads:
+                t.start()
         return self
 
-    def stop(self) -> None:
-        """Close the socket and every rank's connection (the ranks keep their allocation)."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Close the socket and every rank's connection (the ranks keep their allocation), and
+        wait (at most ``timeout_s``) for the hub's threads to end."""
         self._stop.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
-            connected = list(self._connected.values())
             self._connected.clear()
             self._lock.notify_all()
-        for r in connected:
-            r.lines.close()
+            # Every connection, those still to say hello among them.
+            connections = list(self._connections)
+            threads = list(self._threads)
+        for lines in connections:
+            lines.close()
+        deadline = time.monotonic() + timeout_s
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in threads if t.is_alive() and t is not threading.current_thread()]
+        if left:
+            log.warning("the host agent's threads %s did not end within %g s", left, timeout_s)
 
     def wait_for_stages(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until the stages are known from a rank's hello."""
@@ -628,9 +646,12 @@ class HostPipelines:
                     return
                 time.sleep(0.05)
                 continue
-            threading.Thread(
+            t = threading.Thread(
                 target=self._serve, args=(conn,), name="intune-ranks-conn", daemon=True
-            ).start()
+            )
+            with self._lock:  # started under the lock: stop() joins only started threads
+                self._threads = [old for old in self._threads if old.is_alive()] + [t]
+                t.start()
 
     def _hello(self, lines: _Lines) -> _Rank | None:
         hello = lines.receive(10.0)
@@ -683,6 +704,11 @@ class HostPipelines:
     def _serve(self, conn: socket.socket) -> None:
         lines = _Lines(conn)
         r = None
+        with self._lock:
+            if self._stop.is_set():
+                lines.close()
+                return
+            self._connections.add(lines)
         try:
             r = self._hello(lines)
             if r is None:
@@ -706,6 +732,8 @@ class HostPipelines:
                     self._say_left(r)
             else:
                 lines.close()
+            with self._lock:
+                self._connections.discard(lines)
 
     def _resend_share(self, r: _Rank) -> None:
         """Send ``r`` its share again when it runs something else and was last sent it

@@ -384,13 +384,12 @@ def run_scenario(scenario: Scenario, tally: Tally) -> None:
         host.stop_sampling()
         host.stop()
     assert not host.over, f"the host ran more workers than allowed: {host.over} in {scenario}"
-    wait_until(
-        lambda: not rank_threads() - threads_before and unix_sockets() <= sockets_before,
-        2.0,
-        lambda: (
-            f"threads {sorted(t.name for t in rank_threads() - threads_before)} and "
-            f"{unix_sockets() - sockets_before} sockets left after stop"
-        ),
+    left = sorted(t.name for t in rank_threads() - threads_before)
+    assert not left, f"threads {left} left after stop in {scenario}"
+    wait_until(  # a closed socket leaves the descriptor table when its last user lets go
+        lambda: unix_sockets() <= sockets_before,
+        1.0,
+        lambda: f"{unix_sockets() - sockets_before} sockets left after stop",
         scenario,
     )
 

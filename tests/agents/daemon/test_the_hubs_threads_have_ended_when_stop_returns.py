@@ -1,19 +1,21 @@
-"""The hub's threads end within a fraction of a second of ``stop()``, however the ranks'
-connections stood: saying hello, reporting, or being cut and coming back.
+"""The hub's threads have ended when ``stop()`` returns, however the ranks' connections stood:
+saying hello, reporting, or not a word yet.
 
 Found by tests/agents/daemon/test_generated_rank_moves_never_hang.py (four ranks joining, then
 every link and hub stopped): a connection's thread was left in ``recv`` on a socket that
 ``stop()`` had closed (its descriptor already -1), until its 4 s read timeout. A thread about
 to wait on a socket when another closes it can wait on whatever socket reuses the descriptor's
 number; a wait on the ranks' socket now lasts at most RECEIVE_SLICE_S before it looks whether
-its connection was closed.
+its connection was closed, and ``stop()`` closes every connection (those still to say
+hello too) and joins the hub's threads, bounded.
 """
 
 import socket
 import threading
 import time
+import uuid
 
-from agents.daemon.ranks import RECEIVE_SLICE_S, _Lines
+from agents.daemon.ranks import RECEIVE_SLICE_S, HostPipelines, _Lines, bind_listener
 
 from .rank_stress import Host, Scenario, rank_threads
 
@@ -67,7 +69,7 @@ def test_a_wait_on_a_connection_closed_here_ends_within_a_slice_even_if_its_desc
         s.close()
 
 
-def test_every_thread_of_the_hub_and_links_ends_soon_after_stop():
+def test_every_thread_of_the_hub_and_links_has_ended_when_stop_returns():
     for _ in range(5):
         before = rank_threads()
         host = Host(Scenario(ranks=4, busy=[0.5] * 4, rebalance_s=0.2))
@@ -75,7 +77,24 @@ def test_every_thread_of_the_hub_and_links_ends_soon_after_stop():
             host.join(rank)
         time.sleep(0.2)
         host.stop()
-        deadline = time.monotonic() + 1.0
-        while rank_threads() - before and time.monotonic() < deadline:
-            time.sleep(0.01)
         assert not rank_threads() - before, sorted(t.name for t in rank_threads() - before)
+
+
+def test_a_connection_that_never_said_hello_is_closed_by_stop():
+    before = rank_threads()
+    address = f"\0intune-test-{uuid.uuid4().hex}"
+    hub = HostPipelines(bind_listener(address), 2, rebalance_s=None).start()
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.connect(address)  # and says nothing: the hub waits up to 10 s for its hello
+    deadline = time.monotonic() + 2.0
+    while not any(t.name == "intune-ranks-conn" for t in rank_threads() - before):
+        assert time.monotonic() < deadline, "the hub did not take the connection"
+        time.sleep(0.01)
+
+    began = time.monotonic()
+    hub.stop()
+
+    assert time.monotonic() - began < 1.0
+    assert not rank_threads() - before, sorted(t.name for t in rank_threads() - before)
+    assert mute.recv(10) == b"", "the hub closed the connection"
+    mute.close()
