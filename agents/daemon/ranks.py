@@ -277,6 +277,10 @@ class HostPipelines:
         # The ranks that said hello while a move was in flight (None when none is): they are
         # sent their share once the move has ended, of the allocation in force by then.
         self._joined_mid_move: list[_Rank] | None = None
+        # The ranks disconnected for their silence, by rank, until they say hello again: their
+        # process lives (stopped, starved of CPU) and so do their workers, as far as the hub
+        # knows (_holding).
+        self._silent: dict[int, _Rank] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []  # under self._lock
         self._connections: set[_Lines] = set()  # under self._lock
@@ -416,7 +420,8 @@ class HostPipelines:
 
     def _needs(self, ranks: list[int]) -> dict[int, dict[str, float]]:
         with self._lock:
-            reports = {rank: self._connected[rank].report for rank in ranks}
+            known = {**self._silent, **self._connected}
+            reports = {rank: known[rank].report for rank in ranks}
         return {
             rank: rank_need(report["stages"]) if report else {} for rank, report in reports.items()
         }
@@ -442,6 +447,8 @@ class HostPipelines:
                 current = {r.rank: dict(r.allocation) for r in targets}
             live = {rank for rank, _, _ in self._live_reports()}
             if in_force is None or len(targets) < 2 or any(r.rank not in live for r in targets):
+                return False
+            if self._holding():  # a silent rank's workers cannot move: leave the split be
                 return False
             needs = self._needs([r.rank for r in targets])
             new = split_across_ranks(in_force, needs, self._bounds())
@@ -502,7 +509,24 @@ class HostPipelines:
                 previous = self._in_force
                 previous_split = dict(self._split)
                 targets = list(self._connected.values())
-            split = self.split(workers, [r.rank for r in targets])
+            holding = self._holding()
+            split = self.split(workers, [r.rank for r in targets] + sorted(holding))
+            stuck = {
+                rank: (r.allocation, split[rank])
+                for rank, r in holding.items()
+                if any(
+                    count > split[rank].get(stage, count) for stage, count in r.allocation.items()
+                )
+            }
+            if stuck:
+                raise RuntimeError(
+                    "; ".join(
+                        f"rank {rank} stopped answering and still runs {running}, more than its "
+                        f"share {share} of this allocation (the host would run more than its "
+                        "slots); nothing moved"
+                        for rank, (running, share) in stuck.items()
+                    )
+                )
             with self._lock:
                 self._in_force = dict(workers)
                 self._split = split
@@ -612,6 +636,7 @@ class HostPipelines:
                     r.rank,
                     shares[r.rank],
                 )
+                self._mark_silent(r, shares[r.rank])
                 self._drop(r)
                 if silence_refuses:
                     said[r.rank] = (
@@ -684,6 +709,7 @@ class HostPipelines:
             r = _Rank(rank, int(hello.get("pid", 0)), lines, hello.get("allocation") or {})
             replaced = self._connected.get(rank)
             self._connected[rank] = r
+            self._silent.pop(rank, None)  # back: its hello says what it runs
             in_force = self._split.get(rank, self._in_force)
             generation = self._generation
             if self._joined_mid_move is not None:
@@ -717,6 +743,7 @@ class HostPipelines:
             while not self._stop.is_set():
                 message = lines.receive(silence)
                 if message is None:
+                    self._mark_silent(r)
                     raise TimeoutError(f"rank {r.rank} said nothing for {silence:.0f} s")
                 self._handle(r, message)
                 self._resend_share(r)
@@ -734,6 +761,31 @@ class HostPipelines:
                 lines.close()
             with self._lock:
                 self._connections.discard(lines)
+
+    def _mark_silent(self, r: _Rank, sent: Mapping[str, int] | None = None) -> None:
+        """Keep ``r`` among the silent ranks; ``sent`` is the share it was sent and did not
+        answer: it may apply it when it wakes (a stopped process resumed), so it counts as
+        running the larger of that and what it ran, stage by stage."""
+        with self._lock:
+            if self._connected.get(r.rank) is r:
+                for stage, count in (sent or {}).items():
+                    r.allocation[stage] = max(int(count), int(r.allocation.get(stage, count)))
+                self._silent[r.rank] = r
+
+    def _holding(self) -> dict[int, _Rank]:
+        """The ranks disconnected for their silence whose process still lives, by rank: their
+        workers still run, so an allocation is split among them too (their share is kept for
+        their return) and one that would need them to shrink is refused; until then the others
+        cannot grow into their slots. A rank whose process has ended is forgotten."""
+        with self._lock:
+            silent = {rank: r for rank, r in self._silent.items() if rank not in self._connected}
+        gone = [rank for rank, r in silent.items() if not _process_lives(r.pid)]
+        if gone:
+            with self._lock:
+                for rank in gone:
+                    self._silent.pop(rank, None)
+            log.info("silent ranks %s have ended; their workers with them", gone)
+        return {rank: r for rank, r in silent.items() if rank not in gone}
 
     def _resend_share(self, r: _Rank) -> None:
         """Send ``r`` its share again when it runs something else and was last sent it
@@ -813,6 +865,19 @@ class HostPipelines:
                 self._lock.notify_all()
             else:
                 raise ValueError(f"unknown message type {kind!r}")
+
+
+def _process_lives(pid: int) -> bool:
+    """Whether process ``pid`` lives (a rank on this host; an unknown pid counts as living)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _restate_workers(report: dict | None, allocation: Mapping[str, int]) -> None:

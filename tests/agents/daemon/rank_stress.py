@@ -143,6 +143,7 @@ def scenarios(draw, max_operations: int = 10) -> Scenario:
         st.tuples(st.just("cut"), rank),
         st.tuples(st.just("mute"), rank),
         st.tuples(st.just("refuse"), rank),
+        st.tuples(st.just("refuse"), rank),
         st.tuples(st.just("stop_host")),
         st.tuples(st.just("stop_hub")),
         st.tuples(st.just("wait"), st.sampled_from([0.0, 0.05, 0.3])),
