@@ -7,6 +7,8 @@ rank after apply_timeout_s and went on to grow the others, so a 2-rank host with
 like a refusal (the ranks that shrank go back); a silence once every rank has shrunk does not.
 """
 
+import os
+
 import pytest
 
 from .rank_ends import RankEnd, host_with_ranks
@@ -27,6 +29,8 @@ def _two_ranks(silent: int):
     quiet = ends[silent] = SilentEnd(host, ends, silent, False)
     quiet.workers, quiet.link = dict(host._connected[silent].allocation), host._connected[silent]
     quiet.link.lines = quiet
+    for end in ends.values():
+        end.link.pid = os.getpid()  # a living process, as a rank's is
     return host, ends
 
 
@@ -51,3 +55,35 @@ def test_a_rank_silent_while_it_grows_leaves_the_others_on_their_new_shares():
     assert ends[0].workers == {"parse": 1}
     assert [m["workers"] for m in ends[1].sent] == [{"parse": 3}]
     assert host.connected_ranks() == [0]
+
+
+def test_a_silent_rank_may_still_apply_what_it_was_sent_so_the_next_allocation_counts_it():
+    # Found by the generated test: rank 1 went quiet while it was sent a larger share (the grow
+    # step), was dropped, and the next allocation gave rank 0 more, counting rank 1 at what it
+    # ran before. Rank 1 then woke and applied the share it had been sent: 10 workers on 9.
+    host, ends = _two_ranks(silent=1)
+    host.apply({"parse": 2})  # rank 1 was sent 3 and said nothing: it may run 3 when it wakes
+    assert host.connected_ranks() == [0]
+    before = dict(host._in_force), {rank: dict(s) for rank, s in host._split.items()}
+
+    with pytest.raises(
+        RuntimeError, match=r"rank 1 stopped answering and still runs \{'parse': 3\}"
+    ):
+        host.apply({"parse": 1})  # its share of it would be 1: it cannot shrink now
+
+    assert ends[0].workers == {"parse": 1}, "rank 0 was not grown into rank 1's slots"
+    assert (host._in_force, host._split) == before, "nothing changed"
+    host.apply({"parse": 3})  # rank 1's share of this one is 3 or more: it can go through
+    assert ends[0].workers["parse"] + 3 <= 2 * 3
+    assert host.rebalance() is False, "no rebalance while a silent rank holds its workers"
+
+
+def test_a_silent_rank_whose_process_ended_holds_nothing(monkeypatch):
+    host, ends = _two_ranks(silent=1)
+    host.apply({"parse": 2})
+    monkeypatch.setattr("agents.daemon.ranks._process_lives", lambda pid: False)
+
+    host.apply({"parse": 1})  # rank 1's process has ended: its workers with it
+
+    assert ends[0].workers == {"parse": 1} and host._in_force == {"parse": 1}
+    assert host._holding() == {}
