@@ -483,7 +483,12 @@ class HostPipelines:
         measured it needs (:meth:`split`), and wait (bounded) for each to apply its share; a
         rank that refuses refuses it for the host (the ranks go back to their previous share),
         a rank silent past ``apply_timeout_s`` is disconnected (it reconnects and is sent its
-        share in force). Ranks that connect later get theirs too.
+        share in force). Ranks that connect later get theirs too, those that connect during
+        the move once it has ended.
+
+        A rank disconnected for its silence still runs its workers while its process lives
+        (:meth:`_holding`): the allocation is split among it too, and refused (nothing moves)
+        when its share is below what it may run; a silence while the ranks shrink refuses it.
 
         The ranks move shrink first (:meth:`_move`): at no moment do they run more workers of
         a stage than the old or the new allocation gives the host.
