@@ -927,6 +927,7 @@ class RankLink:
         self.host_here = host_here
         self.interval_s = interval_s
         self.hosted: Any = None  # what host_here returned, while this rank hosts the agent
+        self.pid = os.getpid()  # the process the host agent watches while this rank is silent
         self.applied_total = 0
         self.refused_total = 0
         self.connections = 0
@@ -1043,7 +1044,7 @@ class RankLink:
                 "type": "hello",
                 "rank": self.rank,
                 "ranks": self.ranks,
-                "pid": os.getpid(),
+                "pid": self.pid,
                 "stages": [s.__dict__ for s in stage_infos(self.pipeline)],
                 "allocation": dict(self.pipeline.allocation),
             }

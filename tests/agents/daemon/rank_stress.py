@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
+from agents.daemon import ranks as ranks_module
 from agents.daemon.ranks import HostPipelines, RankLink
+from agents.daemon.ranks import _process_lives as real_process_lives
 from tests.agents.pipeline.stress import Hang, bounded
 
 STAGES = ["read", "parse", "collate"]
@@ -95,6 +97,10 @@ class _Stage:
     name: str
     kind: str = "process"
     max_workers: int = MAX_WORKERS
+
+
+#: The pids the stand-in ranks say hello with (above Linux's largest, 2**22).
+PSEUDO_PID = 2**30
 
 
 class _Hosted:
@@ -203,7 +209,17 @@ class Host:
             trainer_stats=lambda: {"throughput": 100.0, "idle_fraction": 0.1},
             host_here=self.host_here,
             interval_s=INTERVAL_S,
-        ).start()
+        )
+        # Every rank runs in this one process: each says hello with a pid of its own, which
+        # the hub finds alive (_process_lives, patched by run_scenario) until the rank left.
+        self.links[rank].pid = PSEUDO_PID + rank
+        self.links[rank].start()
+
+    def process_lives(self, pid: int) -> bool:
+        """Whether a rank's process lives: a stand-in rank's until it left."""
+        if pid >= PSEUDO_PID:
+            return pid - PSEUDO_PID in self.links and pid - PSEUDO_PID not in self.left
+        return real_process_lives(pid)
 
     def live(self) -> list[int]:
         """The ranks whose pipelines run: joined and not left."""
@@ -340,6 +356,7 @@ def run_scenario(scenario: Scenario, tally: Tally) -> None:
     host = Host(scenario)
     tally.runs += 1
     host.start_sampling()
+    ranks_module._process_lives = host.process_lives
     try:
         for operation in scenario.operations:
             tally.operations += 1
@@ -384,6 +401,7 @@ def run_scenario(scenario: Scenario, tally: Tally) -> None:
     finally:
         host.stop_sampling()
         host.stop()
+        ranks_module._process_lives = real_process_lives
     assert not host.over, f"the host ran more workers than allowed: {host.over} in {scenario}"
     left = sorted(t.name for t in rank_threads() - threads_before)
     assert not left, f"threads {left} left after stop in {scenario}"
