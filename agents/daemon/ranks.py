@@ -58,6 +58,9 @@ RESEND_INTERVALS = 5
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
 SOCKET_ENV = "INTUNE_RANK_SOCKET"
+#: How long a rank's process may take to end after its connection did (a SIGKILLed process's
+#: socket closes a moment before it becomes a zombie) before the host counts its workers on.
+EXIT_GRACE_S = 0.5
 #: The longest HostPipelines.stop() waits for its threads (each ends within RECEIVE_SLICE_S
 #: of its connection's close, or within its move's apply_timeout_s).
 STOP_TIMEOUT_S = 2.0
@@ -526,7 +529,8 @@ class HostPipelines:
             if stuck:
                 raise RuntimeError(
                     "; ".join(
-                        f"rank {rank} stopped answering and still runs {running}, more than its "
+                        f"rank {rank} is not connected (silent, or its connection ended) and its "
+                        f"process still runs {running}, more than its "
                         f"share {share} of this allocation (the host would run more than its "
                         "slots); nothing moved"
                         for rank, (running, share) in stuck.items()
@@ -634,6 +638,15 @@ class HostPipelines:
             answers = {r.rank: r.answers.get(generation, "") for r in targets}
             still = {r.rank: self._connected.get(r.rank) is r for r in targets}
         said = {rank: f"refused it: {reason}" for rank, reason in answers.items() if reason}
+        if silence_refuses:
+            holding = self._holding()
+            for r in targets:
+                if answers[r.rank] == "" and not still[r.rank] and holding.get(r.rank) is r:
+                    said[r.rank] = (
+                        f"lost its connection before it answered its smaller share "
+                        f"{shares[r.rank]}; its process lives and may still run its workers, so "
+                        "no rank grew into them"
+                    )
         for r in targets:
             if answers[r.rank] == "" and still[r.rank]:
                 log.warning(
@@ -757,6 +770,8 @@ class HostPipelines:
                 log.info("rank connection ended: %s", exc)
         finally:
             if r is not None:
+                if not self._stop.is_set():
+                    self._mark_silent(r)  # its process may live on, and its workers with it
                 self._drop(r)
                 if self._stop.is_set():
                     log.info("rank %d disconnected: the host agent stops", r.rank)
@@ -768,9 +783,10 @@ class HostPipelines:
                 self._connections.discard(lines)
 
     def _mark_silent(self, r: _Rank, sent: Mapping[str, int] | None = None) -> None:
-        """Keep ``r`` among the silent ranks; ``sent`` is the share it was sent and did not
-        answer: it may apply it when it wakes (a stopped process resumed), so it counts as
-        running the larger of that and what it ran, stage by stage."""
+        """Keep ``r`` among the ranks away (silent, or its connection ended: its process may
+        live on, and so its workers, until it says hello again); ``sent`` is the share it was
+        sent and did not answer: it may apply it when it wakes (a stopped process resumed),
+        so it counts as running the larger of that and what it ran, stage by stage."""
         with self._lock:
             if self._connected.get(r.rank) is r:
                 for stage, count in (sent or {}).items():
@@ -830,8 +846,9 @@ class HostPipelines:
             self._moving.release()
 
     def _say_left(self, r: _Rank) -> None:
-        """Log a rank's leaving and what becomes of its share. Shares are per rank: a rank's
-        workers end with it, so the host runs fewer and no other rank's share grows (the
+        """Log a rank's leaving and what becomes of its share. A rank whose process lives on
+        keeps its workers, counted until it comes back (:meth:`_holding`). Shares are per
+        rank: a rank's workers end with it, so the host runs fewer and no other rank's share grows (the
         host's slots it held are free, not handed on: the job has one rank fewer until it
         comes back); its share is kept, and sent again when it (or its restart) says hello.
         Nothing waits on it: a move in progress counts it as answered."""
@@ -839,7 +856,23 @@ class HostPipelines:
             left = r.rank not in self._connected  # not replaced by its own new connection
             kept = self._split.get(r.rank, self._in_force)
             others = {rank: dict(o.allocation) for rank, o in sorted(self._connected.items())}
-        if left:
+        # A killed process's socket ends a moment before its process does.
+        deadline = time.monotonic() + EXIT_GRACE_S
+        lives = left and _process_lives(r.pid)
+        while lives and time.monotonic() < deadline and not self._stop.wait(0.01):
+            lives = _process_lives(r.pid)
+        if left and not lives:
+            with self._lock:
+                if self._silent.get(r.rank) is r:
+                    del self._silent[r.rank]
+        if lives:
+            log.warning(
+                "rank %d (pid %d) lost its connection but its process lives: its workers %s are "
+                "counted as running until it says hello again (no rank grows into them); the "
+                "ranks connected, %s, keep theirs: %s",
+                r.rank, r.pid, r.allocation, sorted(others), others,
+            )  # fmt: skip
+        elif left:
             log.warning(
                 "rank %d (pid %d) left; its share %s ended with it and is kept for its return; "
                 "the ranks connected, %s, keep theirs: %s",
@@ -882,7 +915,11 @@ def _process_lives(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie (killed, not yet reaped by its parent) runs nothing
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _restate_workers(report: dict | None, allocation: Mapping[str, int]) -> None:

@@ -428,15 +428,19 @@ def _finish(host: Host, tally: Tally) -> None:
     live = host.live()
     if not live:
         return
-    wait_until(
-        lambda: host.hub() is not None and host.hub().connected_ranks() == live,
-        SETTLE_S,
-        f"ranks {live} connected to one hub",
-        scenario,
-    )
-    hub = host.hub()
     allocation = {"read": 2, "parse": 1, "collate": MAX_WORKERS}
-    _apply(host, hub, allocation, tally)
+    for _ in range(3):  # a rank cut at the end may be away a moment: its process still runs
+        wait_until(
+            lambda: host.hub() is not None and host.hub().connected_ranks() == live,
+            SETTLE_S,
+            f"ranks {live} connected to one hub",
+            scenario,
+        )
+        hub = host.hub()
+        refused = tally.refused
+        _apply(host, hub, allocation, tally)
+        if tally.refused == refused:
+            break
     expected = {s: len(live) * n for s, n in allocation.items()}
 
     def settled() -> bool:
