@@ -17,9 +17,9 @@ from .rank_ends import RankEnd, host_with_ranks
 class Hello(_Lines):
     """A new rank's connection as the hub reads it: a hello, then what the hub sends it."""
 
-    def __init__(self, rank: int, allocation: dict) -> None:
+    def __init__(self, rank: int, allocation: dict, ranks: int = 3) -> None:
         self.hello = {
-            "type": "hello", "rank": rank, "ranks": 3, "pid": 200 + rank,
+            "type": "hello", "rank": rank, "ranks": ranks, "pid": 200 + rank,
             "stages": [{"name": "parse", "kind": "process", "max_workers": 64}],
             "allocation": allocation,
         }  # fmt: skip

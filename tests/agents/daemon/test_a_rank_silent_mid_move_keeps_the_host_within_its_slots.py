@@ -12,6 +12,7 @@ import os
 import pytest
 
 from .rank_ends import RankEnd, host_with_ranks
+from .test_a_rank_joining_mid_move_ends_on_the_share_in_force import Hello
 
 
 class SilentEnd(RankEnd):
@@ -66,9 +67,7 @@ def test_a_silent_rank_may_still_apply_what_it_was_sent_so_the_next_allocation_c
     assert host.connected_ranks() == [0]
     before = dict(host._in_force), {rank: dict(s) for rank, s in host._split.items()}
 
-    with pytest.raises(
-        RuntimeError, match=r"rank 1 is not connected .* still runs \{'parse': 3\}"
-    ):
+    with pytest.raises(RuntimeError, match=r"rank 1 is not connected .* still runs \{'parse': 3\}"):
         host.apply({"parse": 1})  # its share of it would be 1: it cannot shrink now
 
     assert ends[0].workers == {"parse": 1}, "rank 0 was not grown into rank 1's slots"
@@ -87,3 +86,25 @@ def test_a_silent_rank_whose_process_ended_holds_nothing(monkeypatch):
 
     assert ends[0].workers == {"parse": 1} and host._in_force == {"parse": 1}
     assert host._holding() == {}
+
+
+def test_a_rank_whose_connection_ended_while_its_process_lives_keeps_its_slots():
+    # Found by the generated test: rank 0's connection was cut while it ran 2 of a stage; the
+    # next allocation went to rank 1 alone, which grew, and the host ran 3 on 2 slots until
+    # rank 0 came back. A rank whose process lives is held until it says hello again.
+    host, ends = _two_ranks(silent=1)
+    ends[1] = RankEnd(host, ends, 1, False)  # rank 1 answers; rank 0's connection ends
+    ends[1].workers, ends[1].link = {"parse": 1}, host._connected[1]
+    ends[1].link.lines = ends[1]
+    gone = host._connected[0]
+    host._mark_silent(gone)  # what the connection's thread does when its socket ends
+    host._drop(gone)
+
+    with pytest.raises(RuntimeError, match=r"rank 0 is not connected .* still runs \{'parse': 3\}"):
+        host.apply({"parse": 1})
+
+    assert ends[1].workers == {"parse": 1}, "rank 1 did not grow into rank 0's slots"
+    back = Hello(0, {"parse": 3}, ranks=2)
+    host._hello(back)  # rank 0 is back: it runs 3 and is sent its share
+    assert host._holding() == {}
+    assert back.sent == [], "it runs its share, 3: nothing to send"
