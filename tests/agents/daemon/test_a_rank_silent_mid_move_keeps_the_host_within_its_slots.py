@@ -8,11 +8,20 @@ like a refusal (the ranks that shrank go back); a silence once every rank has sh
 """
 
 import os
+import time
+import uuid
 
 import pytest
 
+from agents.daemon.ranks import HostPipelines, RankLink, bind_listener
+
 from .rank_ends import RankEnd, host_with_ranks
+from .rank_stress import INTERVAL_S, RankPipeline
 from .test_a_rank_joining_mid_move_ends_on_the_share_in_force import Hello
+
+
+def ADDRESS() -> str:  # noqa: N802 - reads as the constant it stands for
+    return f"\0intune-test-{uuid.uuid4().hex}"
 
 
 class SilentEnd(RankEnd):
@@ -108,3 +117,37 @@ def test_a_rank_whose_connection_ended_while_its_process_lives_keeps_its_slots()
     host._hello(back)  # rank 0 is back: it runs 3 and is sent its share
     assert host._holding() == {}
     assert back.sent == [], "it runs its share, 3: nothing to send"
+
+
+def test_over_a_real_socket_a_rank_that_stopped_reporting_keeps_its_slots():
+    # RankAttachment.stop(): the rank stops reporting and its pipeline goes on, in a process
+    # that lives. Before, the hub forgot its workers and the next allocation grew the other.
+    hub = HostPipelines(bind_listener(ADDRESS()), 2, interval_s=INTERVAL_S, rebalance_s=None)
+    hub.start()
+    pipelines = [RankPipeline(0.95), RankPipeline(0.1)]
+    links = [
+        RankLink(p, rank, 2, hub.listener.getsockname(), trainer_stats=dict, interval_s=INTERVAL_S)
+        for rank, p in enumerate(pipelines)
+    ]
+    try:
+        for link in links:
+            link.start()
+        deadline = time.monotonic() + 5
+        while hub.connected_ranks() != [0, 1] or len(hub._live_reports()) < 2:
+            assert time.monotonic() < deadline, "the ranks did not connect"
+            time.sleep(0.01)
+        alike = {"read": 2, "parse": 2, "collate": 2}
+        hub.apply(alike)  # by need: rank 0 takes 3 of a stage, rank 1 takes 1
+        assert [p.allocation["parse"] for p in pipelines] == [3, 1]
+        links[0].stop(2.0)
+        while hub.connected_ranks() != [1]:
+            assert time.monotonic() < deadline + 5, "the hub did not see rank 0 go"
+            time.sleep(0.01)
+
+        hub.apply(alike)
+
+        assert sum(p.allocation["parse"] for p in pipelines) <= 2 * 2
+    finally:
+        for link in links:
+            link.stop(2.0)
+        hub.stop()
