@@ -305,7 +305,9 @@ def most_workers(stage: StageBudget, stages: Sequence[StageBudget], host: HostBu
     return max(1, min(room, bound) if bound is not None else room)
 
 
-def _shape_problems(workers: object, stages: Sequence[StageBudget]) -> list[str]:
+def shape_problems(workers: object, stages: Sequence[StageBudget]) -> list[str]:
+    """Every reason ``workers`` does not fit ``stages``' shape: a stage left out or unknown, a
+    count that is not a whole number of at least 1 or is above the stage's bound."""
     if not isinstance(workers, Mapping):
         return [
             "the allocation's workers must be an object of stage name -> worker count, "
@@ -368,7 +370,7 @@ def allocation_problems(
     agent's, :data:`AGENT_WAITING_TOLERANCE`); the hints say how to allow more and end the
     budget sentences.
     """
-    problems = _shape_problems(workers, stages)
+    problems = shape_problems(workers, stages)
     if problems:
         return problems
     assert isinstance(workers, Mapping)

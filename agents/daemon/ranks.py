@@ -35,7 +35,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.budget import REBALANCE_GAIN, rank_need, split_across_ranks, split_gain
+from agents.budget import (
+    REBALANCE_GAIN,
+    StageBudget,
+    rank_need,
+    shape_problems,
+    split_across_ranks,
+    split_gain,
+)
 from agents.daemon.sample import NothingToSample, stage_fields, trainer_fields
 
 log = logging.getLogger("agents.daemon.ranks")
@@ -44,10 +51,19 @@ log = logging.getLogger("agents.daemon.ranks")
 MAX_LINE_BYTES = 2**20
 #: A rank that has said nothing for this many report intervals is left out of the host's sums.
 STALE_INTERVALS = 5
+#: A rank that runs other than its share (it refused the share it was sent when it joined, or
+#: failed to apply it) is sent its share again after this many report intervals.
+RESEND_INTERVALS = 5
 #: Bounds of a rank's wait between two attempts to reach (or become) the host agent.
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
 SOCKET_ENV = "INTUNE_RANK_SOCKET"
+#: How long a rank's process may take to end after its connection did (a SIGKILLed process's
+#: socket closes a moment before it becomes a zombie) before the host counts its workers on.
+EXIT_GRACE_S = 0.5
+#: The longest HostPipelines.stop() waits for its threads (each ends within RECEIVE_SLICE_S
+#: of its connection's close, or within its move's apply_timeout_s).
+STOP_TIMEOUT_S = 2.0
 #: Seconds between two looks of the host agent at its ranks' needs (:meth:`HostPipelines.rebalance`).
 REBALANCE_S = 10.0
 
@@ -114,6 +130,11 @@ def someone_listens(address: str) -> bool:
     return True
 
 
+#: The longest one wait for the socket lasts before it looks whether the connection was closed
+#: here (a thread blocked in ``recv`` is not woken by another thread's ``close``).
+RECEIVE_SLICE_S = 0.2
+
+
 class _Lines:
     """Newline-delimited JSON over a stream socket, bounded."""
 
@@ -121,6 +142,7 @@ class _Lines:
         self.sock = sock
         self._buffer = b""
         self._send_lock = threading.Lock()
+        self._closed = threading.Event()
 
     def send(self, message: Mapping[str, Any]) -> None:
         data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
@@ -129,17 +151,20 @@ class _Lines:
 
     def receive(self, timeout_s: float) -> dict | None:
         """The next message, or ``None`` when none came within ``timeout_s``; raises
-        ``ConnectionError`` when the other side closed, ``ValueError`` on a bad line."""
+        ``ConnectionError`` when the other side closed or this side was closed meanwhile,
+        ``ValueError`` on a bad line."""
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buffer:
+            if self._closed.is_set():
+                raise ConnectionError("the connection was closed here")
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            self.sock.settimeout(left)
+            self.sock.settimeout(min(left, RECEIVE_SLICE_S))
             try:
                 chunk = self.sock.recv(65536)
             except TimeoutError:
-                return None
+                continue
             if not chunk:
                 raise ConnectionError("the other side closed the connection")
             self._buffer += chunk
@@ -152,6 +177,7 @@ class _Lines:
         return message
 
     def close(self) -> None:
+        self._closed.set()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
@@ -213,6 +239,7 @@ class _Rank:
         self.report: dict | None = None
         self.reported_at = time.monotonic()
         self.answers: dict[int, str | None] = {}  # generation -> None (applied) or the reason
+        self.share_sent_at = float("-inf")  # when it was last sent its share outside a move
 
 
 class HostPipelines:
@@ -250,36 +277,58 @@ class HostPipelines:
         self._generation = 0
         # Held for the whole of a move of the ranks' shares (an allocation, a rebalance).
         self._moving = threading.Lock()
+        # The ranks that said hello while a move was in flight (None when none is): they are
+        # sent their share once the move has ended, of the allocation in force by then.
+        self._joined_mid_move: list[_Rank] | None = None
+        # The ranks disconnected for their silence, by rank, until they say hello again: their
+        # process lives (stopped, starved of CPU) and so do their workers, as far as the hub
+        # knows (_holding).
+        self._silent: dict[int, _Rank] = {}
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # under self._lock
+        self._connections: set[_Lines] = set()  # under self._lock
 
     # -- life cycle -------------------------------------------------------------------------
 
     def start(self) -> HostPipelines:
         """Accept ranks in a background thread."""
-        t = threading.Thread(target=self._accept_loop, name="intune-ranks-accept", daemon=True)
-        t.start()
-        self._threads.append(t)
+        threads = [
+            threading.Thread(target=self._accept_loop, name="intune-ranks-accept", daemon=True)
+        ]
         if self.rebalance_s:
-            t = threading.Thread(
-                target=self._rebalance_loop, name="intune-ranks-rebalance", daemon=True
+            threads.append(
+                threading.Thread(
+                    target=self._rebalance_loop, name="intune-ranks-rebalance", daemon=True
+                )
             )
-            t.start()
-            self._threads.append(t)
+        with self._lock:  # started under the lock: stop() joins only started threads
+            self._threads.extend(threads)
+            for t in threads:
+                t.start()
         return self
 
-    def stop(self) -> None:
-        """Close the socket and every rank's connection (the ranks keep their allocation)."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Close the socket and every rank's connection (the ranks keep their allocation), and
+        wait (at most ``timeout_s``) for the hub's threads to end."""
         self._stop.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
-            connected = list(self._connected.values())
             self._connected.clear()
             self._lock.notify_all()
-        for r in connected:
-            r.lines.close()
+            # Every connection, those still to say hello among them.
+            connections = list(self._connections)
+            threads = list(self._threads)
+        for lines in connections:
+            lines.close()
+        deadline = time.monotonic() + timeout_s
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in threads if t.is_alive() and t is not threading.current_thread()]
+        if left:
+            log.warning("the host agent's threads %s did not end within %g s", left, timeout_s)
 
     def wait_for_stages(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until the stages are known from a rank's hello."""
@@ -374,7 +423,8 @@ class HostPipelines:
 
     def _needs(self, ranks: list[int]) -> dict[int, dict[str, float]]:
         with self._lock:
-            reports = {rank: self._connected[rank].report for rank in ranks}
+            known = {**self._silent, **self._connected}
+            reports = {rank: known[rank].report for rank in ranks}
         return {
             rank: rank_need(report["stages"]) if report else {} for rank, report in reports.items()
         }
@@ -393,13 +443,15 @@ class HostPipelines:
         Nothing moves until every connected rank reported lately, nor when fewer than two
         are connected. The move is :meth:`_move`'s, shrink first; a rank that refuses leaves
         the ranks where they were."""
-        with self._moving:
+        with self._a_move():
             with self._lock:
                 in_force = None if self._in_force is None else dict(self._in_force)
                 targets = list(self._connected.values())
                 current = {r.rank: dict(r.allocation) for r in targets}
             live = {rank for rank, _, _ in self._live_reports()}
             if in_force is None or len(targets) < 2 or any(r.rank not in live for r in targets):
+                return False
+            if self._holding():  # a silent rank's workers cannot move: leave the split be
                 return False
             needs = self._needs([r.rank for r in targets])
             new = split_across_ranks(in_force, needs, self._bounds())
@@ -434,17 +486,56 @@ class HostPipelines:
         measured it needs (:meth:`split`), and wait (bounded) for each to apply its share; a
         rank that refuses refuses it for the host (the ranks go back to their previous share),
         a rank silent past ``apply_timeout_s`` is disconnected (it reconnects and is sent its
-        share in force). Ranks that connect later get theirs too.
+        share in force). Ranks that connect later get theirs too, those that connect during
+        the move once it has ended.
+
+        A rank disconnected for its silence still runs its workers while its process lives
+        (:meth:`_holding`): the allocation is split among it too, and refused (nothing moves)
+        when its share is below what it may run; a silence while the ranks shrink refuses it.
 
         The ranks move shrink first (:meth:`_move`): at no moment do they run more workers of
-        a stage than the old or the new allocation gives the host."""
+        a stage than the old or the new allocation gives the host.
+
+        An allocation that leaves out or invents a stage, or asks a stage for fewer than one
+        or more than its ``max_workers`` workers, raises ``ValueError`` and changes nothing:
+        the split could not give every rank its part of it (a rank's share is capped at the
+        stage's bound), and a rank joining later would be sent it whole and refuse it. So does
+        one that comes before any rank said hello (the stages and their bounds are unknown)."""
+        if not self.stage_names:
+            raise ValueError(
+                "no rank has said hello yet, so the pipeline's stages are unknown; wait for "
+                "them (wait_for_stages) before applying an allocation"
+            )
+        problems = shape_problems(
+            workers, [StageBudget(s.name, s.max_workers) for s in self.stages]
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
         workers = {str(k): int(v) for k, v in workers.items()}
-        with self._moving:
+        with self._a_move():
             with self._lock:
                 previous = self._in_force
                 previous_split = dict(self._split)
                 targets = list(self._connected.values())
-            split = self.split(workers, [r.rank for r in targets])
+            holding = self._holding()
+            split = self.split(workers, [r.rank for r in targets] + sorted(holding))
+            stuck = {
+                rank: (r.allocation, split[rank])
+                for rank, r in holding.items()
+                if any(
+                    count > split[rank].get(stage, count) for stage, count in r.allocation.items()
+                )
+            }
+            if stuck:
+                raise RuntimeError(
+                    "; ".join(
+                        f"rank {rank} is not connected (silent, or its connection ended) and its "
+                        f"process still runs {running}, more than its "
+                        f"share {share} of this allocation (the host would run more than its "
+                        "slots); nothing moved"
+                        for rank, (running, share) in stuck.items()
+                    )
+                )
             with self._lock:
                 self._in_force = dict(workers)
                 self._split = split
@@ -457,40 +548,76 @@ class HostPipelines:
             if previous is not None:
                 back = {r.rank: previous_split.get(r.rank, previous) for r in targets}
                 self._move([r for r in targets if r.rank not in refused], back)
-        raise RuntimeError(
-            "; ".join(f"rank {rank} refused it: {reason}" for rank, reason in refused.items())
-        )
+        raise RuntimeError("; ".join(f"rank {rank} {said}" for rank, said in refused.items()))
+
+    @contextlib.contextmanager
+    def _a_move(self):
+        """Hold the move lock, and send the ranks that joined meanwhile their share at the end.
+
+        A rank that says hello in the middle of a move is not one of its targets: sent the
+        share in force when it joined, it would keep the previous allocation's share when the
+        move goes through (or the new one when the move is refused and the others go back),
+        while the hub counts it on the other."""
+        with self._moving:
+            with self._lock:
+                self._joined_mid_move = []
+            try:
+                yield
+            finally:
+                self._end_of_move()
+
+    def _end_of_move(self) -> None:
+        with self._lock:
+            joined, self._joined_mid_move = self._joined_mid_move or [], None
+            sends = []
+            for r in joined:
+                share = self._split.get(r.rank, self._in_force)
+                if self._connected.get(r.rank) is r and share is not None:
+                    if share != r.allocation:
+                        sends.append((r, dict(share)))
+            generation = self._generation
+        for r, share in sends:
+            log.info("rank %d joined during a move; sending it its share %s", r.rank, share)
+            r.share_sent_at = time.monotonic()
+            self._send(r, {"type": "allocation", "generation": generation, "workers": share})
 
     def _move(self, targets: list[_Rank], shares: dict[int, dict[str, int]]) -> dict[int, str]:
         """Bring each of ``targets`` to its share, shrink before grow; return the ranks that
-        refused, with their reasons (then the move stopped where it was).
+        refused it or stayed silent while they shrank, each with what it did ("refused it:
+        <reason>", "did not answer ..."); then the move stopped where it was.
 
         Sent at once, a share that grows could start its workers before another rank's share
         that shrinks had stopped its own, and the host would run more than its slots in
         between (a 2-rank job was seen at 14 workers on 12 slots). So each rank first goes to
         the smaller of its current and its new count per stage, and once every rank has
-        answered, the ranks that grow are sent their share."""
+        answered, the ranks that grow are sent their share. A rank silent while it shrinks
+        still runs its workers as far as the host knows (its process may be stopped, or
+        starved of CPU): growing the others into its slots would overrun the host, so its
+        silence stops the move as a refusal does."""
         with self._lock:
             current = {r.rank: dict(r.allocation) for r in targets}
+        # A move back after a refusal leaves the rank that refused out of ``targets``.
+        shares = {rank: share for rank, share in shares.items() if rank in current}
         shrunk = {
             rank: {
                 stage: min(count, current[rank].get(stage, count)) for stage, count in share.items()
             }
             for rank, share in shares.items()
         }
-        for step in (shrunk, shares):
+        for step, silence_refuses in ((shrunk, True), (shares, False)):
             moving = [r for r in targets if step[r.rank] != current[r.rank]]
-            refused = self._send_and_wait(moving, step)
+            refused = self._send_and_wait(moving, step, silence_refuses)
             if refused:
                 return refused
             current = {rank: dict(share) for rank, share in step.items()}
         return {}
 
     def _send_and_wait(
-        self, targets: list[_Rank], shares: dict[int, dict[str, int]]
+        self, targets: list[_Rank], shares: dict[int, dict[str, int]], silence_refuses: bool
     ) -> dict[int, str]:
         """Send each rank its share under a new generation and wait (bounded) for the answers;
-        disconnect the ranks silent past ``apply_timeout_s``; return those that refused."""
+        disconnect the ranks silent past ``apply_timeout_s``; return those that refused (and
+        the silent ones when ``silence_refuses``), each with what it did."""
         if not targets:
             return {}
         with self._lock:
@@ -510,6 +637,16 @@ class HostPipelines:
             )
             answers = {r.rank: r.answers.get(generation, "") for r in targets}
             still = {r.rank: self._connected.get(r.rank) is r for r in targets}
+        said = {rank: f"refused it: {reason}" for rank, reason in answers.items() if reason}
+        if silence_refuses:
+            holding = self._holding()
+            for r in targets:
+                if answers[r.rank] == "" and not still[r.rank] and holding.get(r.rank) is r:
+                    said[r.rank] = (
+                        f"lost its connection before it answered its smaller share "
+                        f"{shares[r.rank]}; its process lives and may still run its workers, so "
+                        "no rank grew into them"
+                    )
         for r in targets:
             if answers[r.rank] == "" and still[r.rank]:
                 log.warning(
@@ -517,8 +654,15 @@ class HostPipelines:
                     r.rank,
                     shares[r.rank],
                 )
+                self._mark_silent(r, shares[r.rank])
                 self._drop(r)
-        return {rank: reason for rank, reason in answers.items() if reason}
+                if silence_refuses:
+                    said[r.rank] = (
+                        f"did not answer its smaller share {shares[r.rank]} within "
+                        f"{self.apply_timeout_s:g} s (apply_timeout_s); it may still run its "
+                        "workers, so no rank grew into them"
+                    )
+        return said
 
     # -- the socket -------------------------------------------------------------------------
 
@@ -545,9 +689,12 @@ class HostPipelines:
                     return
                 time.sleep(0.05)
                 continue
-            threading.Thread(
+            t = threading.Thread(
                 target=self._serve, args=(conn,), name="intune-ranks-conn", daemon=True
-            ).start()
+            )
+            with self._lock:  # started under the lock: stop() joins only started threads
+                self._threads = [old for old in self._threads if old.is_alive()] + [t]
+                t.start()
 
     def _hello(self, lines: _Lines) -> _Rank | None:
         hello = lines.receive(10.0)
@@ -580,11 +727,18 @@ class HostPipelines:
             r = _Rank(rank, int(hello.get("pid", 0)), lines, hello.get("allocation") or {})
             replaced = self._connected.get(rank)
             self._connected[rank] = r
+            self._silent.pop(rank, None)  # back: its hello says what it runs
             in_force = self._split.get(rank, self._in_force)
             generation = self._generation
+            if self._joined_mid_move is not None:
+                # The share in force may change before the move ends (it may be refused, the
+                # split is of the ranks it started with); _end_of_move sends the final one.
+                self._joined_mid_move.append(r)
+                in_force = None
         if replaced is not None:
             replaced.lines.close()
         if in_force is not None and in_force != r.allocation:
+            r.share_sent_at = time.monotonic()
             self._send(r, {"type": "allocation", "generation": generation, "workers": in_force})
         log.info(
             "rank %d (pid %d) joined; ranks connected: %s", rank, r.pid, self.connected_ranks()
@@ -594,6 +748,11 @@ class HostPipelines:
     def _serve(self, conn: socket.socket) -> None:
         lines = _Lines(conn)
         r = None
+        with self._lock:
+            if self._stop.is_set():
+                lines.close()
+                return
+            self._connections.add(lines)
         try:
             r = self._hello(lines)
             if r is None:
@@ -602,13 +761,17 @@ class HostPipelines:
             while not self._stop.is_set():
                 message = lines.receive(silence)
                 if message is None:
+                    self._mark_silent(r)
                     raise TimeoutError(f"rank {r.rank} said nothing for {silence:.0f} s")
                 self._handle(r, message)
+                self._resend_share(r)
         except (OSError, ValueError, TypeError, KeyError, ConnectionError) as exc:
             if not self._stop.is_set():
                 log.info("rank connection ended: %s", exc)
         finally:
             if r is not None:
+                if not self._stop.is_set():
+                    self._mark_silent(r)  # its process may live on, and its workers with it
                 self._drop(r)
                 if self._stop.is_set():
                     log.info("rank %d disconnected: the host agent stops", r.rank)
@@ -616,10 +779,76 @@ class HostPipelines:
                     self._say_left(r)
             else:
                 lines.close()
+            with self._lock:
+                self._connections.discard(lines)
+
+    def _mark_silent(self, r: _Rank, sent: Mapping[str, int] | None = None) -> None:
+        """Keep ``r`` among the ranks away (silent, or its connection ended: its process may
+        live on, and so its workers, until it says hello again); ``sent`` is the share it was
+        sent and did not answer: it may apply it when it wakes (a stopped process resumed),
+        so it counts as running the larger of that and what it ran, stage by stage."""
+        with self._lock:
+            if self._connected.get(r.rank) is r:
+                for stage, count in (sent or {}).items():
+                    r.allocation[stage] = max(int(count), int(r.allocation.get(stage, count)))
+                self._silent[r.rank] = r
+
+    def _holding(self) -> dict[int, _Rank]:
+        """The ranks disconnected for their silence whose process still lives, by rank: their
+        workers still run, so an allocation is split among them too (their share is kept for
+        their return) and one that would need them to shrink is refused; until then the others
+        cannot grow into their slots. A rank whose process has ended is forgotten."""
+        with self._lock:
+            silent = {rank: r for rank, r in self._silent.items() if rank not in self._connected}
+        gone = [rank for rank, r in silent.items() if not _process_lives(r.pid)]
+        if gone:
+            with self._lock:
+                for rank in gone:
+                    self._silent.pop(rank, None)
+            log.info("silent ranks %s have ended; their workers with them", gone)
+        return {rank: r for rank, r in silent.items() if rank not in gone}
+
+    def _resend_share(self, r: _Rank) -> None:
+        """Send ``r`` its share again when it runs something else and was last sent it
+        :data:`RESEND_INTERVALS` reports ago: a rank that refused the share it was sent at
+        hello (its pipeline failed to resize, say) would otherwise run its own allocation for
+        good while the hub counts it on its share, and one that joined with more workers than
+        its share would keep the host above its slots. Never during a move (the move sends
+        the shares then, and a share sent beside it could land after the move's own)."""
+
+        def due() -> tuple[dict, int] | None:
+            with self._lock:
+                share = self._split.get(r.rank, self._in_force)
+                wait = RESEND_INTERVALS * max(self.interval_s, 0.1)
+                if (
+                    share is None
+                    or share == r.allocation
+                    or self._connected.get(r.rank) is not r
+                    or time.monotonic() - r.share_sent_at < wait
+                ):
+                    return None
+                return dict(share), self._generation
+
+        if due() is None or not self._moving.acquire(blocking=False):
+            return
+        try:
+            again = due()  # a move may have ended between the two looks
+            if again is None:
+                return
+            share, generation = again
+            log.warning(
+                "rank %d runs %s, not its share %s of the allocation in force; sending it again",
+                r.rank, r.allocation, share,
+            )  # fmt: skip
+            r.share_sent_at = time.monotonic()
+            self._send(r, {"type": "allocation", "generation": generation, "workers": share})
+        finally:
+            self._moving.release()
 
     def _say_left(self, r: _Rank) -> None:
-        """Log a rank's leaving and what becomes of its share. Shares are per rank: a rank's
-        workers end with it, so the host runs fewer and no other rank's share grows (the
+        """Log a rank's leaving and what becomes of its share. A rank whose process lives on
+        keeps its workers, counted until it comes back (:meth:`_holding`). Shares are per
+        rank: a rank's workers end with it, so the host runs fewer and no other rank's share grows (the
         host's slots it held are free, not handed on: the job has one rank fewer until it
         comes back); its share is kept, and sent again when it (or its restart) says hello.
         Nothing waits on it: a move in progress counts it as answered."""
@@ -627,7 +856,23 @@ class HostPipelines:
             left = r.rank not in self._connected  # not replaced by its own new connection
             kept = self._split.get(r.rank, self._in_force)
             others = {rank: dict(o.allocation) for rank, o in sorted(self._connected.items())}
-        if left:
+        # A killed process's socket ends a moment before its process does.
+        deadline = time.monotonic() + EXIT_GRACE_S
+        lives = left and _process_lives(r.pid)
+        while lives and time.monotonic() < deadline and not self._stop.wait(0.01):
+            lives = _process_lives(r.pid)
+        if left and not lives:
+            with self._lock:
+                if self._silent.get(r.rank) is r:
+                    del self._silent[r.rank]
+        if lives:
+            log.warning(
+                "rank %d (pid %d) lost its connection but its process lives: its workers %s are "
+                "counted as running until it says hello again (no rank grows into them); the "
+                "ranks connected, %s, keep theirs: %s",
+                r.rank, r.pid, r.allocation, sorted(others), others,
+            )  # fmt: skip
+        elif left:
             log.warning(
                 "rank %d (pid %d) left; its share %s ended with it and is kept for its return; "
                 "the ranks connected, %s, keep theirs: %s",
@@ -658,6 +903,23 @@ class HostPipelines:
                 self._lock.notify_all()
             else:
                 raise ValueError(f"unknown message type {kind!r}")
+
+
+def _process_lives(pid: int) -> bool:
+    """Whether process ``pid`` lives (a rank on this host; an unknown pid counts as living)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (killed, not yet reaped by its parent) runs nothing
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _restate_workers(report: dict | None, allocation: Mapping[str, int]) -> None:
@@ -702,11 +964,13 @@ class RankLink:
         self.host_here = host_here
         self.interval_s = interval_s
         self.hosted: Any = None  # what host_here returned, while this rank hosts the agent
+        self.pid = os.getpid()  # the process the host agent watches while this rank is silent
         self.applied_total = 0
         self.refused_total = 0
         self.connections = 0
         self.connected = threading.Event()
         self._stop = threading.Event()
+        self._hosting_lock = threading.Lock()  # around self.hosted's changes
         self._thread: threading.Thread | None = None
         self._lines: _Lines | None = None
 
@@ -726,9 +990,10 @@ class RankLink:
             lines.close()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self.hosted is not None:
-            self.hosted.stop()
-            self.hosted = None
+        with self._hosting_lock:  # not while the link's thread is starting one
+            hosted, self.hosted = self.hosted, None
+        if hosted is not None:
+            hosted.stop()
 
     @property
     def hosting(self) -> bool:
@@ -747,17 +1012,38 @@ class RankLink:
 
     def _reach_host(self) -> socket.socket | None:
         sock = self._connect()
-        if sock is not None or self.host_here is None or self.hosted is not None:
+        if sock is not None or self.host_here is None:
             return sock
         listener = bind_listener(self.address)
         if listener is None:
-            return None  # another rank is becoming the host agent: connect next time
+            return None  # another rank is (becoming) the host agent: connect next time
+        with self._hosting_lock:
+            if self._stop.is_set():
+                listener.close()
+                return None
+            # The address was free: a host agent this rank runs no longer listens on it (its
+            # hub stopped under it), and while it is held no rank would ever host another.
+            stale, self.hosted = self.hosted, None
+        if stale is not None:
+            log.warning(
+                "rank %d's host agent no longer listens on the ranks' socket; stopping it and "
+                "starting another",
+                self.rank,
+            )
+            try:
+                stale.stop()
+            except Exception:
+                log.exception("rank %d could not stop its old host agent", self.rank)
         log.info("rank %d hosts the agent for the host's %d ranks", self.rank, self.ranks)
-        try:
-            self.hosted = self.host_here(listener)
-        except Exception:
-            listener.close()
-            raise
+        with self._hosting_lock:
+            if self._stop.is_set():
+                listener.close()
+                return None
+            try:
+                self.hosted = self.host_here(listener)
+            except Exception:
+                listener.close()
+                raise
         return self._connect()
 
     def _run(self) -> None:
@@ -795,7 +1081,7 @@ class RankLink:
                 "type": "hello",
                 "rank": self.rank,
                 "ranks": self.ranks,
-                "pid": os.getpid(),
+                "pid": self.pid,
                 "stages": [s.__dict__ for s in stage_infos(self.pipeline)],
                 "allocation": dict(self.pipeline.allocation),
             }
