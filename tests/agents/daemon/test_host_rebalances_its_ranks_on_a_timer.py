@@ -5,7 +5,7 @@ rank by agents.budget.REBALANCE_GAIN or more, and shrink before grow."""
 import time
 import uuid
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agents.budget import REBALANCE_GAIN, split_across_ranks, split_gain
@@ -95,9 +95,14 @@ def test_a_rebalance_keeps_each_stages_total_and_never_exceeds_it_while_moving(
     needs = {r: {s: e.workers[s] * busy_now[r][s] for s in allocation} for r, e in ends.items()}
     expected = split_across_ranks(allocation, needs, {s: 64 for s in allocation})
 
+    gain = split_gain(needs, before, expected)
+    # At the threshold itself the hub's sums and these differ in the last bits (seen: 1.25 there,
+    # 1.2499999999999998 here); either answer is right for a gain of exactly REBALANCE_GAIN.
+    assume(abs(gain - REBALANCE_GAIN) > 1e-9)
+
     moved = host.rebalance()
 
-    assert moved == (expected != before and split_gain(needs, before, expected) >= REBALANCE_GAIN)
+    assert moved == (expected != before and gain >= REBALANCE_GAIN)
     for stage, count in allocation.items():
         assert sum(end.workers[stage] for end in ends.values()) == ranks * count
     bound = ranks * sum(allocation.values())
