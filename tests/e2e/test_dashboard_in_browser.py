@@ -108,8 +108,9 @@ def plane(live_stack):
     )
     with live_stack.client(operator["token"]) as api:
         # The agent's own budget must match the one registered (4 CPUs + 5 stages), whatever
-        # this machine's core count.
-        live_stack.start_agent(host_id, agent_token, "--worker-budget", "9")
+        # this machine's core count. It sends its samples every second (5 s by default): the
+        # waits below for its samples end within a second of their being taken.
+        live_stack.start_agent(host_id, agent_token, "--worker-budget", "9", "--batch-seconds", "1")
 
         def metrics_arrived():
             series = api.get(

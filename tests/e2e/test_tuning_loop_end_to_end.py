@@ -4,6 +4,9 @@ A job is registered through the REST API, the agent runs the DLRM pipeline and s
 stage metrics, a Celery task decides a new allocation and publishes it, and the agent applies it.
 """
 
+import contextlib
+import os
+import signal
 import time
 
 import pytest
@@ -15,6 +18,22 @@ pytestmark = pytest.mark.slow
 
 
 FUSED = "read+parse+transform+collate"
+# The agent sends its samples every second (5 s by default): each wait below is on a sample
+# that shows what happened, and a batch then arrives within a second rather than five.
+AGENT_BATCHES = ("--batch-seconds", "1")
+
+
+@pytest.fixture(autouse=True)
+def _agents_end_with_their_test(live_stack):
+    """The agents a test starts are told to stop (SIGTERM) when it ends: left running, each goes
+    on sampling and shipping for the rest of the module, on the cores the next test's agent and
+    stack need. Not waited for here (a DLRM agent takes seconds to stop on a busy machine): the
+    module's stack reaps them when it stops."""
+    before = set(live_stack.group.children)
+    yield
+    for name in set(live_stack.group.children) - before:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(live_stack.group.children[name].pid, signal.SIGTERM)
 
 
 def tune_end_to_end(live_stack, person, name, stages, *agent_args):
@@ -33,7 +52,9 @@ def tune_end_to_end(live_stack, person, name, stages, *agent_args):
     )
     with live_stack.client(person["token"]) as api:
         started = time.monotonic()
-        live_stack.start_agent(host_id, agent_token, *agent_args, instance=f"agent-{name}")
+        live_stack.start_agent(
+            host_id, agent_token, *AGENT_BATCHES, *agent_args, instance=f"agent-{name}"
+        )
 
         def metrics_arrived():
             series = api.get(
@@ -132,7 +153,7 @@ def test_a_job_with_layout_auto_on_a_small_host_is_fused_by_a_celery_step(live_s
     )
     with live_stack.client(person["token"]) as api:
         started = time.monotonic()
-        live_stack.start_agent(host_id, agent_token, instance="agent-e2e-layout")
+        live_stack.start_agent(host_id, agent_token, *AGENT_BATCHES, instance="agent-e2e-layout")
 
         def metrics_arrived():
             series = api.get(

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from tests.support.manage_shell import ManageShell, persistent
 from tests.support.ports import free_port
 from webapp.stack.embedded_redis import EmbeddedRedis
 from webapp.stack.services import command
@@ -152,6 +153,7 @@ class LiveStack:
         self.bin_dir = str(Path(sys.executable).parent)
         # Another web command than the shipped one (benchmarks compare the former tier).
         self.web_argv: list[str] | None = None
+        self.manage_shell: ManageShell | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "LiveStack":
@@ -189,6 +191,8 @@ class LiveStack:
         return self
 
     def stop(self) -> None:
+        if self.manage_shell is not None:
+            self.manage_shell.stop()
         self.group.stop_all(together=True)
         if self.embedded_redis is not None:
             self.embedded_redis.stop()
@@ -242,18 +246,25 @@ class LiveStack:
         )
 
     def manage(self, *args: str) -> str:
-        result = subprocess.run(
-            [self.python, "manage.py", *args],
-            env=self.env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+        """``manage.py *args`` against the stack's database; its output. The tests' reads and
+        ``intune_user`` run in one long-lived process (see tests/support/manage_shell.py)."""
+        if persistent(args):
+            if self.manage_shell is None:
+                log = self.directory / "logs" / "manage-shell.log"
+                self.manage_shell = ManageShell(self.python, self.env, ROOT, log)
+            returncode, stdout, stderr = self.manage_shell.run(*args)
+        else:
+            result = subprocess.run(
+                [self.python, "manage.py", *args],
+                env=self.env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
             )
-        return result.stdout
+            returncode, stdout, stderr = result.returncode, result.stdout, result.stderr
+        if returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{stdout}\n{stderr}")
+        return stdout
 
     def stored_samples(self, job_id: int) -> int:
         """How many host samples of the job the database holds (read by a management shell)."""
