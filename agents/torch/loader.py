@@ -171,11 +171,18 @@ class DataLoader(torch.utils.data.DataLoader):
             num_workers=workers,
             worker_init_fn=self.worker_init_fn,
             counter=self._worker_counter,
+            as_workers=self.num_workers > 0,
         )
         batched = self._auto_collation
         if self._iterable:
             readers = self._readers
-            reader_setup = WorkerSetup(self.dataset, base_seed, readers, self.worker_init_fn)
+            reader_setup = WorkerSetup(
+                self.dataset,
+                base_seed,
+                readers,
+                self.worker_init_fn,
+                as_workers=self.num_workers > 0,
+            )
             read = Read(
                 self.dataset,
                 self.batch_size,
@@ -434,11 +441,11 @@ class _EpochIterator:
                     if len(self._readers_ended) < self._readers:
                         continue
                 break
-        except StageFailed:
+        except StageFailed as exc:
             # As torch's iterator: the failed batch raises, and the next call goes on with
             # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
-            raise
+            raise as_raised_type(exc) from exc.__cause__
         except BaseException:
             self._stats.taken(0)
             raise
@@ -470,6 +477,67 @@ class _EpochIterator:
             self._finish()
         except Exception:
             pass
+
+
+_BOTH_TYPES: dict[type, type | None] = {}
+
+
+def as_raised_type(failure: StageFailed) -> BaseException:
+    """The stage's error as torch's DataLoader raises a worker's: of the type the dataset (or
+    collate_fn, ...) raised, so that ``except KeyError`` in a training loop catches it.
+
+    It is a ``StageFailed`` too (a class deriving from both), naming the stage and holding the
+    worker's traceback. Where the two cannot be combined (``OSError`` and its kin have
+    their own layout), it is built from the message, as torch builds it, with the
+    ``StageFailed`` as its cause; where that fails too (a constructor that wants other
+    arguments), the ``StageFailed`` itself, a ``RuntimeError``, as torch's fallback is."""
+    kind = _resolve_type(failure.error_type)
+    if kind is None or not issubclass(kind, Exception) or isinstance(failure, kind):
+        return failure
+    if kind not in _BOTH_TYPES:
+        try:
+            both = type(
+                kind.__name__,
+                (StageFailed, kind),
+                {"__module__": kind.__module__, "__str__": BaseException.__str__},
+            )
+        except TypeError:  # instance lay-out conflict
+            both = None
+        _BOTH_TYPES[kind] = both
+    both = _BOTH_TYPES[kind]
+    args = (failure.stage, failure.seq, failure.error, failure.traceback_text, failure.error_type)
+    if both is not None:
+        raised = both(*args)
+        raised.__cause__ = failure.__cause__
+        return raised
+    try:
+        raised = kind(str(failure))
+    except Exception:
+        return failure
+    raised.__cause__ = failure
+    return raised
+
+
+def _resolve_type(name: str) -> type | None:
+    """The type a ``"module:qualname"`` names, if this process has it (else ``None``)."""
+    import importlib
+    import sys
+
+    module_name, _, qualname = name.partition(":")
+    if not qualname:
+        return None
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:
+            return None
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found if isinstance(found, type) else None
 
 
 class _Receiver:

@@ -44,6 +44,10 @@ class WorkerSetup:
     seed ``random``, torch and numpy from ``base_seed`` and the worker's id, set
     ``torch.utils.data.get_worker_info()``, then call ``worker_init_fn(worker_id)``.
 
+    ``as_workers`` False (``num_workers=0``): torch loads in the training process, where
+    ``get_worker_info()`` is ``None`` and ``worker_init_fn`` is never called; so here too,
+    though our stages still run in worker processes (which are seeded all the same).
+
     Worker ids come from ``counter`` (shared by the loader's worker processes, so every
     process gets its own id, a worker started by a live resize the next one); a reader of an
     iterable dataset passes its own id to ``ensure`` instead (reader ``i`` is worker ``i`` of
@@ -55,6 +59,7 @@ class WorkerSetup:
     num_workers: int
     worker_init_fn: Callable[[int], None] | None = None
     counter: Any = None  # a multiprocessing.Value("i") shared by the loader's workers
+    as_workers: bool = True
     _pid: int = field(default_factory=os.getpid)
 
     def ensure(self, worker_id: int | None = None) -> None:
@@ -74,6 +79,8 @@ class WorkerSetup:
         random.seed(seed)
         torch.manual_seed(seed)
         _seed_numpy(self.base_seed, worker_id)
+        if not self.as_workers:
+            return
         _set_worker_info(worker_id, num_workers, seed, self.dataset)
         if self.worker_init_fn is not None:
             self.worker_init_fn(worker_id)
