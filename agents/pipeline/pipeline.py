@@ -345,6 +345,8 @@ class Pipeline:
                     f"cannot read the result: {type(exc).__name__}: {exc}",
                     traceback.format_exc(),
                 )
+            if isinstance(payload, Failure):
+                payload.source_seq = seq  # which source item it was (unordered stages too)
             if not self.ordered:
                 if not ready.put(payload):
                     return
@@ -381,7 +383,12 @@ class Pipeline:
                 return
             if isinstance(item, Failure):
                 raise StageFailed(
-                    item.stage, self._taken - 1, item.error, item.traceback_text, item.error_type
+                    item.stage,
+                    self._taken - 1,
+                    item.error,
+                    item.traceback_text,
+                    item.error_type,
+                    item.source_seq,
                 )
             yield item
 

@@ -53,6 +53,7 @@ class Failure:
     error: str
     traceback_text: str
     error_type: str = ""  # "module:qualname" of what was raised (error_type_name)
+    source_seq: int = -1  # the failed item's number from the source (set by the collector)
 
 
 def error_type_name(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ The loader answers ``agents.attach`` as a ``Pipeline`` does; its allocation outl
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import multiprocessing
 import queue
@@ -442,6 +443,12 @@ class _EpochIterator:
                         continue
                 break
         except StageFailed as exc:
+            if self.receiver.pipeline.source.epoch_of(exc.source_seq) not in (None, self.epoch):
+                # A failure of an abandoned epoch (a persistent pipeline goes on feeding it
+                # until told): dropped as its batches are. Raised, it failed the next epoch
+                # with the last one's error, which torch never does.
+                self._stats.taken(0, batch=False)
+                return self.__next__()
             # As torch's iterator: the failed batch raises, and the next call goes on with
             # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
@@ -634,11 +641,30 @@ class _PlanSource:
     def __init__(self, plans: _Plans | None) -> None:
         self.plans = plans
         self.items: Iterator[Item] | None = None
+        # (first source number, epoch) at each change of epoch: which epoch a failed item
+        # belonged to (a failure carries no payload, so no epoch tag of its own).
+        self._starts: list[tuple[int, int]] = []
 
     def __call__(self) -> Iterator[Item]:
         if self.plans is None:
-            return self.items if self.items is not None else iter(())
-        return self.plans.feed()
+            items = self.items if self.items is not None else iter(())
+        else:
+            items = self.plans.feed()
+        return self._numbered(items)
+
+    def _numbered(self, items: Iterator[Item]) -> Iterator[Item]:
+        for seq, item in enumerate(items):
+            if not self._starts or self._starts[-1][1] != item[0]:
+                self._starts.append((seq, item[0]))
+            yield item
+
+    def epoch_of(self, source_seq: int) -> int | None:
+        """The epoch of the source's item ``source_seq`` (``None``: not known)."""
+        if source_seq < 0:
+            return None
+        starts = list(self._starts)
+        at = bisect.bisect_right(starts, (source_seq, float("inf"))) - 1
+        return starts[at][1] if at >= 0 else None
 
 
 class _Plans:

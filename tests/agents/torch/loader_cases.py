@@ -141,7 +141,10 @@ class Collate:
         samples = batch if isinstance(batch, list) else [batch]
         if any(index_of(s) == self.fail_at for s in samples):
             _raise(self.error, f"cannot collate item {self.fail_at}")
-        collated = tud.default_collate(batch)
+        # Without auto-batching a collate_fn gets one sample: torch's default converts it.
+        collated = (
+            tud.default_collate(batch) if isinstance(batch, list) else tud.default_convert(batch)
+        )
         return {"batch": collated, "count": len(samples)}
 
 
@@ -309,9 +312,21 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
         error=draw(st.sampled_from(list(ERRORS))),
     )
     epochs = []
-    for _ in range(draw(st.integers(1, max_epochs))):
+    count = draw(st.integers(1, max_epochs))
+    for e in range(count):
         action = draw(st.sampled_from(["full", "full", "break", "del", "new_iter", "close"]))
+        if sampling == "shuffle" and e < count - 1:
+            # A known difference, not generated (test_a_partial_epoch_then_a_shuffle...):
+            # torch reads the sampler prefetch_factor * num_workers batches ahead (none with
+            # num_workers=0), ours as far as its queues allow; a RandomSampler draws from the
+            # loader's generator once more when exhausted, so after a partial epoch that ours
+            # read to its end the next epoch's order differs from torch's.
+            action = "full"
         epochs.append((action,) if action == "full" else (action, draw(st.integers(0, 8))))
+    if where in ("iter_start", "worker_init"):
+        # What torch does after these errors is no defined behaviour (Case.first_error_only):
+        # one epoch, up to its first error.
+        epochs = [("full",)]
     resizes = []
     if draw(st.booleans()):
         resizes = draw(
@@ -379,7 +394,9 @@ def _iter(case: Case, loader, ours: bool):
 def play(case: Case, loader, ours: bool) -> list[list[tuple]]:
     """Run the case's training loop on ``loader``: each epoch's outcomes, in order."""
     epochs = []
-    limit = case.n + 2 * max(1, case.options.get("num_workers", 0)) + 4  # errors count too
+    # Errors count too; an iterable dataset read whole by each reader gives n per reader.
+    readers = max(1, case.options.get("num_workers", 0))
+    limit = case.n * (readers if case.kind == "iterable" else 1) + 2 * readers + 4
     for action in case.epochs:
         outcomes: list[tuple] = []
         epochs.append(outcomes)
@@ -390,6 +407,8 @@ def play(case: Case, loader, ours: bool) -> list[list[tuple]]:
                 break
             continue
         stop_at = None if action[0] == "full" else action[1]
+        if case.unordered and not ours:
+            stop_at = None  # our part of an epoch is checked against torch's whole epoch
         resizes = dict(case.resizes) if ours else {}
         while stop_at is None or len(outcomes) < stop_at:
             if len(outcomes) in resizes and ours:
@@ -517,7 +536,10 @@ def run_case(case: Case) -> None:
         ours = play(case, loader, ours=True)
     finally:
         bounded(case, "close()", loader.close)
-    compare(case, ours, theirs)
+    try:
+        compare(case, ours, theirs)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ncase: {case}") from None
     del loader, ours
     gc.collect()
     deadline = time.monotonic() + GONE_BOUND_S
