@@ -25,6 +25,7 @@ import multiprocessing
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,12 +33,13 @@ import torch
 import torch.utils.data
 
 from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
-from agents.pipeline.worker import POLL_S
+from agents.pipeline.worker import POLL_S, error_type_name
 from agents.torch.steps import (
     EpochEnd,
     Fetch,
     Item,
     Read,
+    SamplerFailed,
     Step,
     WorkerSetup,
     set_reader_slot,
@@ -292,7 +294,22 @@ class DataLoader(torch.utils.data.DataLoader):
         batched = self._auto_collation
 
         def items() -> Iterator[Item]:
-            for idx in itertools.chain(first, indices):
+            yield from ((epoch, (len(idx) if batched else 1), idx) for idx in first)
+            while True:
+                try:
+                    idx = next(indices)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    # In place of that batch, as torch's iterator raises it; the epoch goes
+                    # on (a generator that raised ends it). Left to the pipeline's source,
+                    # it ended the pipeline: every next() after it raised PipelineStopped,
+                    # and a persistent loader's later epochs too.
+                    failed = SamplerFailed(
+                        f"{type(exc).__name__}: {exc}", traceback.format_exc(), error_type_name(exc)
+                    )
+                    yield epoch, 0, failed
+                    continue
                 yield epoch, (len(idx) if batched else 1), idx
             yield epoch, 0, EpochEnd(epoch)
 
@@ -460,6 +477,11 @@ class _EpochIterator:
             self._stats.taken(0, batch=False)
             self._finish()
             raise StopIteration
+        if isinstance(payload, SamplerFailed):
+            self._stats.taken(0)
+            failure = StageFailed("sampler", -1, payload.error, payload.traceback_text,
+                                  payload.error_type)  # fmt: skip
+            raise as_raised_type(failure)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 

@@ -34,6 +34,17 @@ class EpochEnd:
     reader: int = 0
 
 
+@dataclass(frozen=True)
+class SamplerFailed:
+    """The payload in place of a batch whose indices the sampler raised on (in the loader's
+    process): it passes through every stage untouched, and the consumer raises it, as
+    torch's iterator raises the sampler's error in place of that batch."""
+
+    error: str  # "Type: message"
+    traceback_text: str
+    error_type: str  # "module:qualname"
+
+
 # The process that a WorkerSetup has set up (a forked child inherits its parent's pid here).
 _set_up_in: int | None = None
 
@@ -143,7 +154,7 @@ class Step:
     def __call__(self, item: Item) -> Item:
         """Apply the step to one item."""
         epoch, samples, payload = item
-        if isinstance(payload, EpochEnd):
+        if isinstance(payload, EpochEnd | SamplerFailed):
             return item
         self.setup.ensure()
         if self.per_sample and self.batched:

@@ -163,13 +163,18 @@ class InitWorker:
 
 
 class ListSampler(tud.Sampler):
-    """A custom sampler: these indices, in this order."""
+    """A custom sampler: these indices (or batches of them), in this order; raising instead
+    of giving the one at ``fail_at``."""
 
-    def __init__(self, indices: list[int]) -> None:
+    def __init__(self, indices: list, fault: Fault | None = None) -> None:
         self.indices = indices
+        self.fault = fault or Fault()
 
     def __iter__(self):
-        return iter(self.indices)
+        for k, index in enumerate(self.indices):
+            if self.fault.where == "sampler" and k == self.fault.at:
+                _raise(self.fault.error, f"the sampler broke at {k}")
+            yield index
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -206,13 +211,12 @@ class Case:
             kwargs["shuffle"] = True
             kwargs["generator"] = torch.Generator().manual_seed(self.options.get("seed", 0))
         elif self.sampling == "sampler":
-            kwargs["sampler"] = ListSampler(self.order)
+            kwargs["sampler"] = ListSampler(self.order, self.fault)
         elif self.sampling == "batch_sampler":
             size = max(1, kwargs.pop("batch_size") or 1)
             kwargs.pop("drop_last", None)
-            kwargs["batch_sampler"] = [
-                self.order[k : k + size] for k in range(0, len(self.order), size)
-            ]
+            batches = [self.order[k : k + size] for k in range(0, len(self.order), size)]
+            kwargs["batch_sampler"] = ListSampler(batches, self.fault)
         kwargs.pop("seed", None)
         if self.custom_collate:
             fail_at = self.fault.at if self.fault.where == "collate" else -1
@@ -303,11 +307,12 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
     wheres = ["none", "sleep", "worker_init"]
     wheres += ["getitem"] if kind == "map" else ["iter_start", "iter_mid"]
     wheres += ["collate"] if custom_collate else []
+    wheres += ["sampler"] if sampling in ("sampler", "batch_sampler") else []
     where = draw(st.sampled_from(wheres))
     fault = Fault(
         where=where,
         at=draw(st.integers(0, max(n - 1, 0)))
-        if where in ("getitem", "iter_mid", "collate", "sleep")
+        if where in ("getitem", "iter_mid", "collate", "sleep", "sampler")
         else -1,
         error=draw(st.sampled_from(list(ERRORS))),
     )
