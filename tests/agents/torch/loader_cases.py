@@ -32,6 +32,7 @@ CALL_BOUND_S = 30.0  # the longest one call (next, iter, close, apply) may take 
 GONE_BOUND_S = 15.0  # for every worker process and thread to leave after close
 SIZES = {"tiny": 1, "small": 64, "large": 262_144}  # float32 elements: 4 B, 256 B, 1 MB
 SLEEP_S = 0.2
+STALL_S, STALL_TIMEOUT_S = 4.0, 1.5  # an item that outlasts the loader's timeout
 
 Row = namedtuple("Row", ["features", "extra"])
 
@@ -88,7 +89,8 @@ class Fault:
     """Where the case raises (``at``: the item, for ``getitem``, ``iter_mid``, ``collate``)
     or sleeps (``sleep``)."""
 
-    where: str = "none"  # none, getitem, iter_start, iter_mid, collate, worker_init, sleep
+    # none, getitem, iter_start, iter_mid, collate, worker_init, sleep, stall, sampler
+    where: str = "none"
     at: int = -1
     error: str = "ValueError"
 
@@ -103,8 +105,8 @@ class MapItems(tud.Dataset):
     def __getitem__(self, i: int):
         if self.fault.where == "getitem" and i == self.fault.at:
             _raise(self.fault.error, f"item {i} is refused")
-        if self.fault.where == "sleep" and i == self.fault.at:
-            time.sleep(SLEEP_S)
+        if self.fault.where in ("sleep", "stall") and i == self.fault.at:
+            time.sleep(SLEEP_S if self.fault.where == "sleep" else STALL_S)
         return make_item(i, self.size, self.shape)
 
 
@@ -125,8 +127,8 @@ class StreamItems(tud.IterableDataset):
         for i in range(start, self.n, step):
             if self.fault.where == "iter_mid" and i == self.fault.at:
                 _raise(self.fault.error, f"the stream broke at {i}")
-            if self.fault.where == "sleep" and i == self.fault.at:
-                time.sleep(SLEEP_S)
+            if self.fault.where in ("sleep", "stall") and i == self.fault.at:
+                time.sleep(SLEEP_S if self.fault.where == "sleep" else STALL_S)
             yield make_item(i, self.size, self.shape)
 
 
@@ -250,8 +252,8 @@ class Case:
             return workers
         if self.options.get("persistent_workers") and self.sampling == "shuffle":
             return workers
-        if self.fault.where == "worker_init" and workers > 0:
-            return workers
+        if self.fault.where in ("worker_init", "stall") and workers > 0:
+            return workers  # "stall": torch's timeout needs workers
         return 0
 
     @property
@@ -266,8 +268,8 @@ class Case:
         ``__iter__`` (``num_workers=0``: ``iter()`` raises; workers: every later batch raises
         an ``UnboundLocalError`` for ever) and a failing ``worker_init_fn`` (workers: the
         same). Only the first error's type is compared; then the loader is closed."""
-        if self.fault.where == "iter_start":
-            return True
+        if self.fault.where in ("iter_start", "stall"):
+            return True  # "stall": after a timeout torch's iterator is in no defined state
         return self.fault.where == "worker_init" and self.options.get("num_workers", 0) > 0
 
 
@@ -308,11 +310,12 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
     wheres += ["getitem"] if kind == "map" else ["iter_start", "iter_mid"]
     wheres += ["collate"] if custom_collate else []
     wheres += ["sampler"] if sampling in ("sampler", "batch_sampler") else []
+    wheres += ["stall"] if workers > 0 else []
     where = draw(st.sampled_from(wheres))
     fault = Fault(
         where=where,
         at=draw(st.integers(0, max(n - 1, 0)))
-        if where in ("getitem", "iter_mid", "collate", "sleep", "sampler")
+        if where in ("getitem", "iter_mid", "collate", "sleep", "sampler", "stall")
         else -1,
         error=draw(st.sampled_from(list(ERRORS))),
     )
@@ -328,7 +331,9 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
             # read to its end the next epoch's order differs from torch's.
             action = "full"
         epochs.append((action,) if action == "full" else (action, draw(st.integers(0, 8))))
-    if where in ("iter_start", "worker_init"):
+    if where == "stall":
+        options["timeout"] = STALL_TIMEOUT_S
+    if where in ("iter_start", "worker_init", "stall"):
         # What torch does after these errors is no defined behaviour (Case.first_error_only):
         # one epoch, up to its first error.
         epochs = [("full",)]
@@ -527,7 +532,14 @@ def children() -> set[int]:
 def run_case(case: Case) -> None:
     """Run ``case`` on both loaders and compare; then nothing of ours may be left running."""
     children_before = children()
-    theirs_loader = tud.DataLoader(case.dataset(), **case.kwargs(theirs=True))
+    try:
+        theirs_loader = tud.DataLoader(case.dataset(), **case.kwargs(theirs=True))
+    except Exception as refused:  # noqa: BLE001 - e.g. a shuffle of no items: so must ours
+        try:
+            DataLoader(case.dataset(), **case.kwargs(theirs=False))
+        except type(refused):
+            return
+        raise AssertionError(f"torch refuses the case ({refused!r}), ours not; case: {case}")
     theirs = play(case, theirs_loader, ours=False)
     del theirs_loader
     gc.collect()
