@@ -536,10 +536,12 @@ def run_case(case: Case) -> None:
         theirs_loader = tud.DataLoader(case.dataset(), **case.kwargs(theirs=True))
     except Exception as refused:  # noqa: BLE001 - e.g. a shuffle of no items: so must ours
         try:
-            DataLoader(case.dataset(), **case.kwargs(theirs=False))
+            DataLoader(case.dataset(), **case.kwargs(theirs=False)).close()
         except type(refused):
             return
-        raise AssertionError(f"torch refuses the case ({refused!r}), ours not; case: {case}")
+        raise AssertionError(
+            f"torch refuses the case ({refused!r}), ours not; case: {case}"
+        ) from refused
     theirs = play(case, theirs_loader, ours=False)
     del theirs_loader
     gc.collect()
