@@ -516,10 +516,12 @@ def as_raised_type(failure: StageFailed) -> BaseException:
     collate_fn, ...) raised, so that ``except KeyError`` in a training loop catches it.
 
     It is a ``StageFailed`` too (a class deriving from both), naming the stage and holding the
-    worker's traceback. Where the two cannot be combined (``OSError`` and its kin have
-    their own layout), it is built from the message, as torch builds it, with the
-    ``StageFailed`` as its cause; where that fails too (a constructor that wants other
-    arguments), the ``StageFailed`` itself, a ``RuntimeError``, as torch's fallback is."""
+    worker's traceback; the original type's own fields are unset (an ``OSError``'s ``errno``
+    is ``None``, as in torch's, which builds it from the message). Where the two cannot be
+    combined (an extension type with an instance layout of its own), it is built from the
+    message, as torch builds it, with the ``StageFailed`` as its cause; where that fails too
+    (a constructor that wants other arguments), the ``StageFailed`` itself, a
+    ``RuntimeError``, as torch's fallback is."""
     kind = _resolve_type(failure.error_type)
     if kind is None or not issubclass(kind, Exception) or isinstance(failure, kind):
         return failure
@@ -528,7 +530,13 @@ def as_raised_type(failure: StageFailed) -> BaseException:
             both = type(
                 kind.__name__,
                 (StageFailed, kind),
-                {"__module__": kind.__module__, "__str__": BaseException.__str__},
+                {
+                    "__module__": kind.__module__,
+                    "__str__": BaseException.__str__,
+                    # StageFailed's arguments are not the original type's (OSError's __new__
+                    # would read them as errno, strerror, filename, ...).
+                    "__new__": _bare_new(kind),
+                },
             )
         except TypeError:  # instance lay-out conflict
             both = None
@@ -545,6 +553,13 @@ def as_raised_type(failure: StageFailed) -> BaseException:
         return failure
     raised.__cause__ = failure
     return raised
+
+
+def _bare_new(kind: type) -> Callable[..., Any]:
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return kind.__new__(cls)
+
+    return __new__
 
 
 def _resolve_type(name: str) -> type | None:

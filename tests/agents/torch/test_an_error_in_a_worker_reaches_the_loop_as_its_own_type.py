@@ -50,6 +50,8 @@ def test_an_error_in_a_worker_is_raised_as_its_own_type_and_as_stagefailed(error
         assert isinstance(caught.value, StageFailed)
         assert "stage 'fetch+collate' failed" in str(caught.value)
         assert type(error).__name__ in caught.value.traceback_text
+        if isinstance(error, OSError):  # as torch's, built from the message: no errno
+            assert caught.value.errno is None and caught.value.filename is None
         with pytest.raises(type(error)):  # torch raises its own; the types agree
             list(tud.DataLoader(FailsAt(error), batch_size=2))
         assert next(batches).tolist() == [4, 5], "the epoch goes on after the failed batch"
