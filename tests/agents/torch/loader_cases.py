@@ -200,6 +200,9 @@ class Case:
     # resizes: the batches after which the loader's stages get these worker counts.
     epochs: list[tuple] = field(default_factory=list)
     resizes: list[tuple[int, int]] = field(default_factory=list)
+    # How the loader ends: "close" (close()), or "drop" (its last reference dropped and
+    # collected, as a script that never calls close() leaves it).
+    ending: str = "close"
 
     def dataset(self):
         if self.kind == "map":
@@ -347,7 +350,8 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
             )
         )
     return Case(kind, n, size, shape, bool(draw(st.booleans())), options, fault, sampling,
-                list(order), custom_collate, epochs, resizes)  # fmt: skip
+                list(order), custom_collate, epochs, resizes,
+                draw(st.sampled_from(["close", "drop"])))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- running
@@ -553,14 +557,19 @@ def run_case(case: Case) -> None:
     )
     try:
         ours = play(case, loader, ours=True)
-    finally:
+    except BaseException:
+        bounded(case, "close()", loader.close)
+        raise
+    if case.ending == "close":
         bounded(case, "close()", loader.close)
     try:
         compare(case, ours, theirs)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\ncase: {case}") from None
+    # The last references: the loader, and the errors' tracebacks (their frames hold it).
+    held = [loader, ours]
     del loader, ours
-    gc.collect()
+    bounded(case, "the loader's garbage collection", lambda: (held.clear(), gc.collect()))
     deadline = time.monotonic() + GONE_BOUND_S
     while time.monotonic() < deadline:
         left = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
@@ -570,5 +579,5 @@ def run_case(case: Case) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(
-        f"left behind after close: threads {left}, processes {procs}; case: {case}"
+        f"left behind after {case.ending}: threads {left}, processes {procs}; case: {case}"
     )
