@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import os
 import sys
 import threading
 import time
@@ -535,6 +536,28 @@ def children() -> set[int]:
 
 def run_case(case: Case) -> None:
     """Run ``case`` on both loaders and compare; then nothing of ours may be left running."""
+    began = time.monotonic()
+    try:
+        _run_case(case)
+    finally:
+        if os.environ.get("INTUNE_LOADER_CASES_TIMES"):
+            _phase("end")
+            steps = " ".join(
+                f"{b[0]}:{b[1] - a[1]:.1f}" for a, b in zip(_PHASES, _PHASES[1:], strict=False)
+            )
+            print(f"{time.monotonic() - began:.1f}s [{steps}] {case}", file=sys.stderr)
+            _PHASES.clear()
+
+
+_PHASES: list = []
+
+
+def _phase(name: str) -> None:
+    if os.environ.get("INTUNE_LOADER_CASES_TIMES"):
+        _PHASES.append((name, time.monotonic()))
+
+
+def _run_case(case: Case) -> None:
     children_before = children()
     try:
         theirs_loader = tud.DataLoader(case.dataset(), **case.kwargs(theirs=True))
@@ -546,7 +569,9 @@ def run_case(case: Case) -> None:
         raise AssertionError(
             f"torch refuses the case ({refused!r}), ours not; case: {case}"
         ) from refused
+    _phase("start")
     theirs = play(case, theirs_loader, ours=False)
+    _phase("torch")
     del theirs_loader
     gc.collect()
     # torch's workers and queue threads leave by themselves, on their own time.
@@ -560,6 +585,7 @@ def run_case(case: Case) -> None:
     except BaseException:
         bounded(case, "close()", loader.close)
         raise
+    _phase("ours")
     if case.ending == "close":
         bounded(case, "close()", loader.close)
     try:
@@ -570,6 +596,7 @@ def run_case(case: Case) -> None:
     held = [loader, ours]
     del loader, ours
     bounded(case, "the loader's garbage collection", lambda: (held.clear(), gc.collect()))
+    _phase("compared, collected")
     deadline = time.monotonic() + GONE_BOUND_S
     while time.monotonic() < deadline:
         left = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]

@@ -26,13 +26,13 @@ RUNS = settings(
     print_blob=True,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
-SHORT = int(os.environ.get("INTUNE_LOADER_CASES", "12"))
+SHORT = int(os.environ.get("INTUNE_LOADER_CASES", "10"))
 
 
 # A longer run through INTUNE_LOADER_CASES gets a longer bound than pytest-timeout's 300 s.
 @pytest.mark.timeout(max(300, 30 * SHORT))
 @settings(RUNS, max_examples=SHORT)
-@given(case=cases(max_items=120, max_epochs=3, max_workers=3))
+@given(case=cases(max_items=48, max_epochs=3, max_workers=3))
 def test_generated_loaders_give_torchs_batches_and_never_hang(busy_cpus, case):  # noqa: F811
     run_case(case)
 
