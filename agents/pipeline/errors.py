@@ -8,13 +8,26 @@ class AllocationError(ValueError):
 
 
 class StageFailed(RuntimeError):
-    """A stage's function (or the source) raised on an item; raised to the consumer in order."""
+    """A stage's function (or the source) raised on an item; raised to the consumer in order.
+    ``error_type``: where the type of what was raised lives, ``"module:qualname"`` (empty
+    where the runtime itself failed the item); ``source_seq``: the failed item's number in
+    the source's order (``seq`` counts what the consumer took)."""
 
-    def __init__(self, stage: str, seq: int, error: str, traceback_text: str) -> None:
+    def __init__(
+        self,
+        stage: str,
+        seq: int,
+        error: str,
+        traceback_text: str,
+        error_type: str = "",
+        source_seq: int = -1,
+    ) -> None:
         self.stage = stage
         self.seq = seq
         self.error = error
         self.traceback_text = traceback_text
+        self.error_type = error_type
+        self.source_seq = source_seq
         super().__init__(
             f"stage '{stage}' failed on item {seq}: {error}\n"
             f"--- traceback in the worker ---\n{traceback_text}"

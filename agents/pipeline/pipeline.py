@@ -29,7 +29,7 @@ from agents.pipeline.inbox import Inbox
 from agents.pipeline.pool import StagePool, join_unless_current
 from agents.pipeline.schedstat import process_runqueue_seconds, thread_runqueue_seconds
 from agents.pipeline.stage import Stage
-from agents.pipeline.worker import POLL_S, Failure, decode, serve_process
+from agents.pipeline.worker import POLL_S, Failure, decode, error_type_name, serve_process
 from agents.pipeline.zygote import Zygote
 
 log = logging.getLogger("agents.pipeline")
@@ -309,7 +309,12 @@ class Pipeline:
                     return
                 seq += 1
         except BaseException as exc:  # noqa: BLE001 - a source's SystemExit ends it as an error
-            failure = Failure("source", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            failure = Failure(
+                "source",
+                f"{type(exc).__name__}: {exc}",
+                traceback.format_exc(),
+                error_type_name(exc),
+            )
             if not first.put((seq, failure)):
                 return
             seq += 1
@@ -340,6 +345,8 @@ class Pipeline:
                     f"cannot read the result: {type(exc).__name__}: {exc}",
                     traceback.format_exc(),
                 )
+            if isinstance(payload, Failure):
+                payload.source_seq = seq  # which source item it was (unordered stages too)
             if not self.ordered:
                 if not ready.put(payload):
                     return
@@ -375,7 +382,14 @@ class Pipeline:
                 self._ended = True
                 return
             if isinstance(item, Failure):
-                raise StageFailed(item.stage, self._taken - 1, item.error, item.traceback_text)
+                raise StageFailed(
+                    item.stage,
+                    self._taken - 1,
+                    item.error,
+                    item.traceback_text,
+                    item.error_type,
+                    item.source_seq,
+                )
             yield item
 
     def _take(self) -> Any:

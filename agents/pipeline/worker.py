@@ -52,6 +52,16 @@ class Failure:
     stage: str
     error: str
     traceback_text: str
+    error_type: str = ""  # "module:qualname" of what was raised (error_type_name)
+    source_seq: int = -1  # the failed item's number from the source (set by the collector)
+
+
+def error_type_name(exc: BaseException) -> str:
+    """Where the type of ``exc`` lives, ``"module:qualname"``, so that a consumer can raise
+    an error of that type (``agents.torch.DataLoader`` does, as torch does); a string, so
+    that a type the consumer cannot import never makes the failure itself unreadable."""
+    kind = type(exc)
+    return f"{kind.__module__}:{kind.__qualname__}"
 
 
 class Encoded(NamedTuple):
@@ -140,7 +150,12 @@ def _apply(
         # KeyboardInterrupt too: workers ignore SIGINT (process) or never receive it (thread),
         # so here it can only come from fn; re-raised, it would end a thread worker silently
         # with its item in hand, and the ordered consumer would wait for that item forever.
-        result = Failure(spec.stage, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        result = Failure(
+            spec.stage,
+            f"{type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+            error_type_name(exc),
+        )
     return result, packet
 
 

@@ -19,11 +19,13 @@ The loader answers ``agents.attach`` as a ``Pipeline`` does; its allocation outl
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import multiprocessing
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,12 +33,13 @@ import torch
 import torch.utils.data
 
 from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
-from agents.pipeline.worker import POLL_S
+from agents.pipeline.worker import POLL_S, error_type_name
 from agents.torch.steps import (
     EpochEnd,
     Fetch,
     Item,
     Read,
+    SamplerFailed,
     Step,
     WorkerSetup,
     set_reader_slot,
@@ -171,11 +174,18 @@ class DataLoader(torch.utils.data.DataLoader):
             num_workers=workers,
             worker_init_fn=self.worker_init_fn,
             counter=self._worker_counter,
+            as_workers=self.num_workers > 0,
         )
         batched = self._auto_collation
         if self._iterable:
             readers = self._readers
-            reader_setup = WorkerSetup(self.dataset, base_seed, readers, self.worker_init_fn)
+            reader_setup = WorkerSetup(
+                self.dataset,
+                base_seed,
+                readers,
+                self.worker_init_fn,
+                as_workers=self.num_workers > 0,
+            )
             read = Read(
                 self.dataset,
                 self.batch_size,
@@ -284,7 +294,22 @@ class DataLoader(torch.utils.data.DataLoader):
         batched = self._auto_collation
 
         def items() -> Iterator[Item]:
-            for idx in itertools.chain(first, indices):
+            yield from ((epoch, (len(idx) if batched else 1), idx) for idx in first)
+            while True:
+                try:
+                    idx = next(indices)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    # In place of that batch, as torch's iterator raises it; the epoch goes
+                    # on (a generator that raised ends it). Left to the pipeline's source,
+                    # it ended the pipeline: every next() after it raised PipelineStopped,
+                    # and a persistent loader's later epochs too.
+                    failed = SamplerFailed(
+                        f"{type(exc).__name__}: {exc}", traceback.format_exc(), error_type_name(exc)
+                    )
+                    yield epoch, 0, failed
+                    continue
                 yield epoch, (len(idx) if batched else 1), idx
             yield epoch, 0, EpochEnd(epoch)
 
@@ -434,11 +459,17 @@ class _EpochIterator:
                     if len(self._readers_ended) < self._readers:
                         continue
                 break
-        except StageFailed:
+        except StageFailed as exc:
+            if self.receiver.pipeline.source.epoch_of(exc.source_seq) not in (None, self.epoch):
+                # A failure of an abandoned epoch (a persistent pipeline goes on feeding it
+                # until told): dropped as its batches are. Raised, it failed the next epoch
+                # with the last one's error, which torch never does.
+                self._stats.taken(0, batch=False)
+                return self.__next__()
             # As torch's iterator: the failed batch raises, and the next call goes on with
             # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
-            raise
+            raise as_raised_type(exc) from exc.__cause__
         except BaseException:
             self._stats.taken(0)
             raise
@@ -446,6 +477,11 @@ class _EpochIterator:
             self._stats.taken(0, batch=False)
             self._finish()
             raise StopIteration
+        if isinstance(payload, SamplerFailed):
+            self._stats.taken(0)
+            failure = StageFailed("sampler", -1, payload.error, payload.traceback_text,
+                                  payload.error_type)  # fmt: skip
+            raise as_raised_type(failure)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -470,6 +506,82 @@ class _EpochIterator:
             self._finish()
         except Exception:
             pass
+
+
+_BOTH_TYPES: dict[type, type | None] = {}
+
+
+def as_raised_type(failure: StageFailed) -> BaseException:
+    """The stage's error as torch's DataLoader raises a worker's: of the type the dataset (or
+    collate_fn, ...) raised, so that ``except KeyError`` in a training loop catches it.
+
+    It is a ``StageFailed`` too (a class deriving from both), naming the stage and holding the
+    worker's traceback; the original type's own fields are unset (an ``OSError``'s ``errno``
+    is ``None``, as in torch's, which builds it from the message). Where the two cannot be
+    combined (an extension type with an instance layout of its own), it is built from the
+    message, as torch builds it, with the ``StageFailed`` as its cause; where that fails too
+    (a constructor that wants other arguments), the ``StageFailed`` itself, a
+    ``RuntimeError``, as torch's fallback is."""
+    kind = _resolve_type(failure.error_type)
+    if kind is None or not issubclass(kind, Exception) or isinstance(failure, kind):
+        return failure
+    if kind not in _BOTH_TYPES:
+        try:
+            both = type(
+                kind.__name__,
+                (StageFailed, kind),
+                {
+                    "__module__": kind.__module__,
+                    "__str__": BaseException.__str__,
+                    # StageFailed's arguments are not the original type's (OSError's __new__
+                    # would read them as errno, strerror, filename, ...).
+                    "__new__": _bare_new(kind),
+                },
+            )
+        except TypeError:  # instance lay-out conflict
+            both = None
+        _BOTH_TYPES[kind] = both
+    both = _BOTH_TYPES[kind]
+    args = (failure.stage, failure.seq, failure.error, failure.traceback_text, failure.error_type)
+    if both is not None:
+        raised = both(*args)
+        raised.__cause__ = failure.__cause__
+        return raised
+    try:
+        raised = kind(str(failure))
+    except Exception:
+        return failure
+    raised.__cause__ = failure
+    return raised
+
+
+def _bare_new(kind: type) -> Callable[..., Any]:
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return kind.__new__(cls)
+
+    return __new__
+
+
+def _resolve_type(name: str) -> type | None:
+    """The type a ``"module:qualname"`` names, if this process has it (else ``None``)."""
+    import importlib
+    import sys
+
+    module_name, _, qualname = name.partition(":")
+    if not qualname:
+        return None
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:
+            return None
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found if isinstance(found, type) else None
 
 
 class _Receiver:
@@ -566,11 +678,30 @@ class _PlanSource:
     def __init__(self, plans: _Plans | None) -> None:
         self.plans = plans
         self.items: Iterator[Item] | None = None
+        # (first source number, epoch) at each change of epoch: which epoch a failed item
+        # belonged to (a failure carries no payload, so no epoch tag of its own).
+        self._starts: list[tuple[int, int]] = []
 
     def __call__(self) -> Iterator[Item]:
         if self.plans is None:
-            return self.items if self.items is not None else iter(())
-        return self.plans.feed()
+            items = self.items if self.items is not None else iter(())
+        else:
+            items = self.plans.feed()
+        return self._numbered(items)
+
+    def _numbered(self, items: Iterator[Item]) -> Iterator[Item]:
+        for seq, item in enumerate(items):
+            if not self._starts or self._starts[-1][1] != item[0]:
+                self._starts.append((seq, item[0]))
+            yield item
+
+    def epoch_of(self, source_seq: int) -> int | None:
+        """The epoch of the source's item ``source_seq`` (``None``: not known)."""
+        if source_seq < 0:
+            return None
+        starts = list(self._starts)
+        at = bisect.bisect_right(starts, (source_seq, float("inf"))) - 1
+        return starts[at][1] if at >= 0 else None
 
 
 class _Plans:

@@ -34,6 +34,17 @@ class EpochEnd:
     reader: int = 0
 
 
+@dataclass(frozen=True)
+class SamplerFailed:
+    """The payload in place of a batch whose indices the sampler raised on (in the loader's
+    process): it passes through every stage untouched, and the consumer raises it, as
+    torch's iterator raises the sampler's error in place of that batch."""
+
+    error: str  # "Type: message"
+    traceback_text: str
+    error_type: str  # "module:qualname"
+
+
 # The process that a WorkerSetup has set up (a forked child inherits its parent's pid here).
 _set_up_in: int | None = None
 
@@ -43,6 +54,10 @@ class WorkerSetup:
     """What a worker process does before its first item, as torch's DataLoader workers do:
     seed ``random``, torch and numpy from ``base_seed`` and the worker's id, set
     ``torch.utils.data.get_worker_info()``, then call ``worker_init_fn(worker_id)``.
+
+    ``as_workers`` False (``num_workers=0``): torch loads in the training process, where
+    ``get_worker_info()`` is ``None`` and ``worker_init_fn`` is never called; so here too,
+    though our stages still run in worker processes (which are seeded all the same).
 
     Worker ids come from ``counter`` (shared by the loader's worker processes, so every
     process gets its own id, a worker started by a live resize the next one); a reader of an
@@ -55,6 +70,7 @@ class WorkerSetup:
     num_workers: int
     worker_init_fn: Callable[[int], None] | None = None
     counter: Any = None  # a multiprocessing.Value("i") shared by the loader's workers
+    as_workers: bool = True
     _pid: int = field(default_factory=os.getpid)
 
     def ensure(self, worker_id: int | None = None) -> None:
@@ -74,6 +90,8 @@ class WorkerSetup:
         random.seed(seed)
         torch.manual_seed(seed)
         _seed_numpy(self.base_seed, worker_id)
+        if not self.as_workers:
+            return
         _set_worker_info(worker_id, num_workers, seed, self.dataset)
         if self.worker_init_fn is not None:
             self.worker_init_fn(worker_id)
@@ -136,7 +154,7 @@ class Step:
     def __call__(self, item: Item) -> Item:
         """Apply the step to one item."""
         epoch, samples, payload = item
-        if isinstance(payload, EpochEnd):
+        if isinstance(payload, EpochEnd | SamplerFailed):
             return item
         self.setup.ensure()
         if self.per_sample and self.batched:
