@@ -9,17 +9,14 @@ runs the long form. Each writes its tally after every case (``var/stress-ranks-s
 ``var/stress-ranks.json``).
 """
 
-import json
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 
 from tests.agents.daemon.rank_stress import Scenario, Tally, run_scenario, scenarios
+from tests.agents.pipeline.stress import write_tally
 from tests.agents.pipeline.test_generated_pipelines_never_hang import busy_cpus  # noqa: F401
-
-ROOT = Path(__file__).resolve().parents[3]
 
 RUNS = settings(
     deadline=None,
@@ -49,13 +46,7 @@ SILENT_WHILE_SHRINKING = Scenario(
 @given(scenario=scenarios(max_operations=8))
 def test_generated_rank_moves_finish_in_bounds_and_never_overrun_the_host(busy_cpus, scenario):  # noqa: F811
     run_scenario(scenario, SHORT)
-    _write(SHORT, "stress-ranks-short.json")
-
-
-def _write(tally: Tally, name: str) -> None:
-    out = ROOT / "var" / name
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(tally.__dict__, indent=2) + "\n")
+    write_tally(SHORT, "stress-ranks-short.json")
 
 
 LONG = Tally()
@@ -67,4 +58,4 @@ LONG = Tally()
 @given(scenario=scenarios(max_operations=16))
 def test_many_generated_rank_moves_never_hang(busy_cpus, scenario):  # noqa: F811
     run_scenario(scenario, LONG)
-    _write(LONG, "stress-ranks.json")
+    write_tally(LONG, "stress-ranks.json")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import json
 import multiprocessing
 import os
 import queue
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from hypothesis import strategies as st
@@ -294,6 +296,14 @@ def bounded(what: str, seconds: float, fn, *args):
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value"), took
+
+
+def write_tally(tally: object, name: str) -> None:
+    """Write a stress run's tally (a dataclass of counts) to ``var/NAME``, after every case:
+    docs/reliability.md quotes these files."""
+    out = Path(__file__).resolve().parents[3] / "var" / name
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(tally.__dict__, indent=2) + "\n")
 
 
 @dataclass

@@ -7,17 +7,13 @@ after every case (``var/stress-pipeline-short.json``, ``var/stress-pipeline.json
 in docs/reliability.md).
 """
 
-import json
 import multiprocessing
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.agents.pipeline.stress import Tally, run_scenario, scenarios
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.agents.pipeline.stress import Tally, run_scenario, scenarios, write_tally
 
 
 def _burn() -> None:
@@ -57,13 +53,7 @@ SHORT = Tally()
 def test_generated_pipelines_finish_every_operation_in_bounds(busy_cpus, scenario):
     run_scenario(scenario, SHORT, seed=len(scenario.operations))
     assert SHORT.hangs == 0
-    _write(SHORT, "stress-pipeline-short.json")
-
-
-def _write(tally: Tally, name: str) -> None:
-    out = ROOT / "var" / name
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(tally.__dict__, indent=2) + "\n")
+    write_tally(SHORT, "stress-pipeline-short.json")
 
 
 LONG = Tally()
@@ -76,4 +66,4 @@ LONG = Tally()
 @given(scenario=scenarios(max_items=200, max_operations=12))
 def test_many_generated_pipelines_never_hang(busy_cpus, scenario):
     run_scenario(scenario, LONG, seed=len(scenario.operations))
-    _write(LONG, "stress-pipeline.json")
+    write_tally(LONG, "stress-pipeline.json")

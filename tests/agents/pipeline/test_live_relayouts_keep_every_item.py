@@ -7,18 +7,14 @@ The short form runs in ``make test``; ``make soak`` runs the long form. Each wri
 (``var/stress-relayout-short.json``, ``var/stress-relayout.json``).
 """
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from agents.pipeline import AllocationError, LayoutBusy, Pipeline, Stage
 from agents.pipeline.fusion import Chain
-from tests.agents.pipeline.stress import Tally, relayout_scenarios, run_scenario
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.agents.pipeline.stress import Tally, relayout_scenarios, run_scenario, write_tally
 
 RUNS = settings(
     deadline=None,
@@ -35,7 +31,7 @@ SHORT = Tally()
 def test_generated_relayouts_keep_every_item_and_finish_in_bounds(scenario):
     run_scenario(scenario, SHORT, seed=len(scenario.operations))
     assert SHORT.hangs == 0
-    _write(SHORT, "stress-relayout-short.json")
+    write_tally(SHORT, "stress-relayout-short.json")
 
 
 LONG = Tally()
@@ -47,13 +43,7 @@ LONG = Tally()
 @given(scenario=relayout_scenarios(max_items=200, max_operations=14))
 def test_many_generated_relayouts_never_hang(scenario):
     run_scenario(scenario, LONG, seed=len(scenario.operations))
-    _write(LONG, "stress-relayout.json")
-
-
-def _write(tally: Tally, name: str) -> None:
-    out = ROOT / "var" / name
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(tally.__dict__, indent=2) + "\n")
+    write_tally(LONG, "stress-relayout.json")
 
 
 def _inc(x):

@@ -12,7 +12,6 @@ call gave: the same batches, or an error of the same type.
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import os
 import sys
@@ -27,6 +26,7 @@ import torch.utils.data as tud
 from hypothesis import strategies as st
 
 from agents.torch import DataLoader
+from tests.agents.pipeline import stress
 from tests.agents.torch.conftest import assert_same
 
 CALL_BOUND_S = 30.0  # the longest one call (next, iter, close, apply) may take on busy CPUs
@@ -358,31 +358,10 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
 # ----------------------------------------------------------------------------- running
 
 
-class Hang(AssertionError):
-    """A call on the loader did not return within its bound."""
-
-
 def bounded(case: Case, what: str, fn, *args):
     """``fn(*args)`` in a thread joined with ``CALL_BOUND_S``; a hang fails naming the case."""
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name=f"watchdog-{what}", daemon=True)
-    thread.start()
-    thread.join(CALL_BOUND_S)
-    if thread.is_alive():
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        raise Hang(
-            f"{what} did not return within {CALL_BOUND_S} s (stacks on stderr); case: {case}"
-        )
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
+    value, _ = stress.bounded(f"{what} (case: {case})", CALL_BOUND_S, fn, *args)
+    return value
 
 
 _END = ("end",)
