@@ -36,6 +36,9 @@ def two_epochs(loader_class) -> list[list[int]]:
     return [partial, whole]
 
 
-@pytest.mark.xfail(strict=True, reason="ours reads the sampler further ahead than torch")
+# Not strict: how far ahead of the loop the pipeline has read the sampler when the epoch is left
+# depends on timing; where it happens to have read no further than torch, the orders agree (the
+# clean-clone CI of 2026-11-24 07:41 saw it pass once, and a strict xfail failed the suite).
+@pytest.mark.xfail(strict=False, reason="ours may read the sampler further ahead than torch")
 def test_after_a_partial_epoch_the_next_shuffle_is_torchs():
     assert two_epochs(DataLoader) == two_epochs(tud.DataLoader)
