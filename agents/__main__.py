@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agents.logs import configure_logging
+from agents.pipeline.signals import SLICE_S, SignalledStop
 
 log = logging.getLogger("agents")
 
@@ -317,7 +318,7 @@ def resolve_identity(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def start_consumer(
-    pipeline: Any, args: argparse.Namespace, stop: threading.Event
+    pipeline: Any, args: argparse.Namespace, stop: threading.Event | SignalledStop
 ) -> tuple[Consumer, Callable[[], dict] | None]:
     """Start the thread that consumes the pipeline: the DLRM trainer, or a plain drain."""
     if args.pipeline == "dlrm" and args.train:
@@ -339,7 +340,9 @@ class Consumer(threading.Thread):
     """The thread that consumes the pipeline; it stops the agent when it ends on its own, on
     an exhausted pipeline (a finite source) or a failure, and keeps which as ``outcome``."""
 
-    def __init__(self, target: Callable[[], None], stop: threading.Event, name: str) -> None:
+    def __init__(
+        self, target: Callable[[], None], stop: threading.Event | SignalledStop, name: str
+    ) -> None:
         super().__init__(name=name, daemon=True)
         self._consume = target
         self._stop_agent = stop
@@ -358,7 +361,7 @@ class Consumer(threading.Thread):
             self._stop_agent.set()
 
 
-def serve_ranks(args: argparse.Namespace, config: Any, stop: threading.Event, remember: Any) -> int:
+def serve_ranks(args: argparse.Namespace, config: Any, stop: Any, remember: Any) -> int:
     """``--sidecar``: the host's one agent for its local ranks, until stopped."""
     from agents.daemon import ranks as host_ranks
     from agents.daemon.agent import Agent
@@ -380,7 +383,7 @@ def serve_ranks(args: argparse.Namespace, config: Any, stop: threading.Event, re
     agent = None
     try:
         log.info("waiting for the first of %d local ranks to attach", args.ranks)
-        while not hub.wait_for_stages(1.0):
+        while not hub.wait_for_stages(SLICE_S):
             if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
                 return 0
         agent = Agent(hub, config, on_shipped=remember).start()
@@ -448,9 +451,11 @@ def run(argv: list[str] | None = None) -> int:
             state.save(state_dir)
             last_saved[0] = time.monotonic()
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    # The handler only notes the signal: setting an Event takes its lock, which the main
+    # thread may hold at that very moment (inside stop.wait()), and the agent hung there.
+    # Every wait on it lasts at most 0.2 s before it looks at the note.
+    stop = SignalledStop()
+    stop.install((signal.SIGINT, signal.SIGTERM))
 
     config = AgentConfig(
         url=state.url,

@@ -681,9 +681,17 @@ class HostPipelines:
         r.lines.close()
 
     def _accept_loop(self) -> None:
+        # In slices: stop() shuts the listener down, which wakes a blocked accept() on Linux,
+        # but nothing says so elsewhere; a slice bounds the wait wherever it runs.
+        try:
+            self.listener.settimeout(RECEIVE_SLICE_S)
+        except OSError:
+            return  # closed: stop() came first
         while not self._stop.is_set():
             try:
                 conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 if self._stop.is_set():
                     return
@@ -1117,6 +1125,11 @@ class RankLink:
         if kind != "allocation":
             raise ValueError(f"unknown message type {kind!r}")
         generation = message["generation"]
+        if self._stop.is_set():
+            # Stopped: the rank's pipeline is being stopped (or is); an allocation read just
+            # before is not applied, and no answer is sent on a connection being closed.
+            log.info("rank %d stopped; not applying allocation %s", self.rank, message["workers"])
+            return
         try:
             self.pipeline.apply(dict(message["workers"]))
         except Exception as exc:  # the pipeline's own checks, or a failure to resize

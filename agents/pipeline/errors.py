@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
 
 class AllocationError(ValueError):
     """An allocation the pipeline refused; the pipeline kept the one it had."""
@@ -33,6 +38,13 @@ class StageFailed(RuntimeError):
             f"--- traceback in the worker ---\n{traceback_text}"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # It crosses process boundaries (a rank's trainer, a DDP worker, a test's child): an
+        # exception pickles as its class and ``args``, and neither rebuilt it (``args`` is the
+        # message alone; the class ``as_raised_type`` makes exists in this process only).
+        fields = (self.stage, self.seq, self.error, self.traceback_text, self.error_type)
+        return (_rebuild, (fields, self.source_seq, type(self) is not StageFailed), self.__dict__)
+
 
 class LayoutBusy(AllocationError):
     """A layout change came while the previous one was still emptying the groups it replaced
@@ -49,3 +61,83 @@ class PipelineStopped(RuntimeError):
     consumer still iterated, before the source's end: the items in flight were dropped. A loop
     that ended quietly here would look like a whole epoch that was not one; a loop meant to
     run until someone stops the pipeline catches this."""
+
+
+def _rebuild(fields: tuple, source_seq: int, raised_type: bool) -> BaseException:
+    """Unpickle a ``StageFailed``: as it was, or as the type its stage raised (see
+    ``as_raised_type``), rebuilt in this process."""
+    failure = StageFailed(*fields, source_seq=source_seq)
+    return as_raised_type(failure) if raised_type else failure
+
+
+_BOTH_TYPES: dict[type, type | None] = {}
+
+
+def as_raised_type(failure: StageFailed) -> BaseException:
+    """The stage's error as torch's DataLoader raises a worker's: of the type the dataset (or
+    collate_fn, ...) raised, so that ``except KeyError`` in a training loop catches it.
+
+    It is a ``StageFailed`` too (a class deriving from both), naming the stage and holding the
+    worker's traceback; the original type's own fields are unset (an ``OSError``'s ``errno``
+    is ``None``, as in torch's, which builds it from the message). Where the two cannot be
+    combined (an extension type with an instance layout of its own), it is built from the
+    message, as torch builds it, with the ``StageFailed`` as its cause; where that fails too
+    (a constructor that wants other arguments), the ``StageFailed`` itself, a
+    ``RuntimeError``, as torch's fallback is. Either pickles and unpickles as itself."""
+    kind = _resolve_type(failure.error_type)
+    if kind is None or not issubclass(kind, Exception) or isinstance(failure, kind):
+        return failure
+    if kind not in _BOTH_TYPES:
+        try:
+            both = type(
+                kind.__name__,
+                (StageFailed, kind),
+                {
+                    "__module__": kind.__module__,
+                    "__str__": BaseException.__str__,
+                    # StageFailed's arguments are not the original type's (OSError's __new__
+                    # would read them as errno, strerror, filename, ...).
+                    "__new__": _bare_new(kind),
+                },
+            )
+        except TypeError:  # instance lay-out conflict
+            both = None
+        _BOTH_TYPES[kind] = both
+    both = _BOTH_TYPES[kind]
+    args = (failure.stage, failure.seq, failure.error, failure.traceback_text, failure.error_type)
+    if both is not None:
+        raised = both(*args, source_seq=failure.source_seq)
+        raised.__cause__ = failure.__cause__
+        return raised
+    try:
+        raised = kind(str(failure))
+    except Exception:
+        return failure
+    raised.__cause__ = failure
+    return raised
+
+
+def _bare_new(kind: type) -> Callable[..., Any]:
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return kind.__new__(cls)
+
+    return __new__
+
+
+def _resolve_type(name: str) -> type | None:
+    """The type a ``"module:qualname"`` names, if this process has it (else ``None``)."""
+    module_name, _, qualname = name.partition(":")
+    if not qualname:
+        return None
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:
+            return None
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found if isinstance(found, type) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import multiprocessing
@@ -11,6 +12,7 @@ import threading
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -28,6 +30,7 @@ from agents.pipeline.fusion import SEPARATOR, Span, boundaries, fuse, layout_spa
 from agents.pipeline.inbox import Inbox
 from agents.pipeline.pool import StagePool, join_unless_current
 from agents.pipeline.schedstat import process_runqueue_seconds, thread_runqueue_seconds
+from agents.pipeline.signals import Held, deferred
 from agents.pipeline.stage import Stage
 from agents.pipeline.worker import POLL_S, Failure, decode, error_type_name, serve_process
 from agents.pipeline.zygote import Zygote
@@ -35,9 +38,30 @@ from agents.pipeline.zygote import Zygote
 log = logging.getLogger("agents.pipeline")
 
 _END = object()  # the collector's mark that the source is exhausted and everything delivered
+_INTERRUPTED = object()  # _take's answer when a Ctrl-C came while the consumer waited
+
+# How long the consumer's wait lasts before it looks whether a Ctrl-C is being held.
+_CONSUMER_SLICE_S = 0.1
 
 # How often the pipeline replaces dead workers (and a dead launcher).
 _MONITOR_S = 0.1
+
+# The pipelines started and not yet stopped in this process, stopped at its exit (below).
+_RUNNING: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running() -> None:
+    """Stop the pipelines still running when the interpreter exits, while their threads still
+    run: later, at the interpreter's teardown, its daemon threads are frozen, and a pipeline
+    collected then (a training loop ended by Ctrl-C: the traceback holds its iterator until
+    then) waited out its whole stop bound for relays that could no longer move; a training
+    script took 2 to 5 s to exit after Ctrl-C, now about 1 s."""
+    for pipeline in list(_RUNNING):
+        try:
+            pipeline.stop()
+        except Exception:  # noqa: BLE001 - every other pipeline is still stopped
+            log.exception("pipeline '%s' could not be stopped at exit", pipeline.name)
 
 
 class Pipeline:
@@ -169,8 +193,11 @@ class Pipeline:
     # ----------------------------------------------------------------- lifecycle
 
     def start(self) -> Pipeline:
-        """Start the workers, the source feeder and the collector; return the pipeline."""
-        with self._lock:
+        """Start the workers, the source feeder and the collector; return the pipeline.
+
+        A Ctrl-C meanwhile is held until it is done (``agents.pipeline.signals``): a start cut
+        halfway would leave a launcher forked and no thread to end it."""
+        with deferred(), self._lock:
             if self._started:
                 return self
             if self._stopped:
@@ -215,6 +242,7 @@ class Pipeline:
             ]
             for thread in self._threads:
                 thread.start()
+            _RUNNING.add(self)
         return self
 
     def _start_launcher(self) -> None:
@@ -237,13 +265,14 @@ class Pipeline:
         doing; a thread worker stuck in the stage's function is left running (a thread
         cannot be killed) and named in a warning.
         """
-        with self._stop_lock:
+        with deferred(), self._stop_lock:
             with self._lock:
                 if not self._started or self._stopped:
                     self._stopped = True
                     return
                 self._stopped = True
                 self._stop.set()
+                _RUNNING.discard(self)
                 deadline = time.monotonic() + self.stop_timeout_s
                 draining = [p.inbox for pools in self._draining for p in pools[1:]]
                 for inbox in [*self._inboxes, *draining, self._ready]:
@@ -369,15 +398,26 @@ class Pipeline:
             # goes on with the items after the failed one, as DataLoader's iterator does.)
             return
         while True:
-            began = time.monotonic()
-            self._waiting_since = began
-            item = self._take()
-            ended = time.monotonic()
-            with self._stats_lock:
-                self._waiting_since = None
-                # What lies before _consumer_at was already counted by consumer_stats().
-                self._wait_s += ended - max(began, self._consumer_at)
-                self._taken += 1
+            # Ctrl-C is held from the take to the count: raised in between, it lost the item
+            # taken (a loop run again, as in a notebook, missed it, or waited for good for an
+            # epoch's end it had dropped). The wait ends early instead, and the item goes back.
+            with deferred() as held:
+                began = time.monotonic()
+                self._waiting_since = began
+                try:
+                    item = self._take(held)
+                    if held.pending:
+                        if item is not _INTERRUPTED:
+                            self._ready.put_front([item])
+                        continue  # leaving the block raises KeyboardInterrupt
+                finally:
+                    ended = time.monotonic()
+                    with self._stats_lock:
+                        self._waiting_since = None
+                        # What lies before _consumer_at was already counted by consumer_stats().
+                        self._wait_s += ended - max(began, self._consumer_at)
+                with self._stats_lock:
+                    self._taken += 1
             if item is _END:
                 self._ended = True
                 return
@@ -392,12 +432,16 @@ class Pipeline:
                 )
             yield item
 
-    def _take(self) -> Any:
+    def _take(self, held: Held) -> Any:
         began = time.monotonic()
         warn_at = self.stall_warning_s
         while True:
+            if held.pending:
+                return _INTERRUPTED
             try:
-                return self._ready.get(POLL_S, leave=lambda: self._stopped)
+                return self._ready.get(
+                    _CONSUMER_SLICE_S, leave=lambda: self._stopped or held.pending
+                )
             except queue.Empty:
                 if self._stopped:
                     raise self._stopped_error() from None
@@ -423,6 +467,12 @@ class Pipeline:
             f"pipeline '{self.name}' was stopped after its consumer took {self._taken} "
             "item(s), before the source's end: the items in flight were dropped. Stop it "
             "after the loop ends (or catch PipelineStopped where stopping it early is meant)"
+        )
+
+    def _stopped_for(self, what: str) -> PipelineStopped:
+        return PipelineStopped(
+            f"pipeline '{self.name}' was stopped: it cannot {what} any more (its workers "
+            "are gone); build a new pipeline"
         )
 
     def _where_items_stand(self) -> str:
@@ -472,15 +522,18 @@ class Pipeline:
         """Change the worker count of the named stages, live; stages not named keep theirs.
 
         Raises ``AllocationError`` (and changes nothing) when a stage is unknown, or a count
-        is not an integer from 1 to the stage's ``max_workers``.
+        is not an integer from 1 to the stage's ``max_workers``; ``PipelineStopped`` once the
+        pipeline was stopped.
         """
         problems = self.check(allocation)
         if problems:
             raise AllocationError("; ".join(problems))
         with self._lock:
+            if self._stopped:
+                raise self._stopped_for("apply an allocation")
             targets = dict(self._targets)
             targets.update(allocation)
-            if not self._started or self._stopped:
+            if not self._started:
                 self._targets = targets
                 return
             self._plan_pinning(targets)
@@ -582,7 +635,9 @@ class Pipeline:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                if not self._started or self._stopped:
+                if self._stopped:
+                    raise self._stopped_for("change its layout")
+                if not self._started:
                     targets = self._layout_targets(spans, allocation)
                     self._use_layout(spans)
                     self._targets = targets

@@ -31,6 +31,12 @@ from typing import Any, NamedTuple
 
 from agents.pipeline import heap, shm
 
+# The signals a terminal (Ctrl-C, a closed terminal) or a ``kill -- -PGID`` sends to the whole
+# process group. Workers and their launcher ignore them: killed mid-transfer, a worker leaves
+# its shared memory behind and the consumer waiting for its item. The pipeline's process
+# decides what stops, and stops them (SIGKILL for a worker that will not leave).
+GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 # How long a waiting thread worker sleeps between looks at its retire and stop flags; a
 # wait is also cut short by the inbox whenever a flag changes, so this only bounds a lapse.
 POLL_S = 0.5
@@ -232,11 +238,15 @@ def serve_process(spec: WorkerSpec, items_fd: int, results_fd: int) -> None:
         shm.release_pool()
 
 
+def ignore_group_signals() -> None:
+    """Ignore ``GROUP_SIGNALS`` in this process (a worker, or the launcher)."""
+    for signum in GROUP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def _settle_process(spec: WorkerSpec) -> None:
     """Prepare a freshly forked worker process: signals, threads, heap and CPUs."""
-    # Ctrl-C reaches the whole process group; the pipeline's process decides what stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    ignore_group_signals()
     torch = sys.modules.get("torch")
     if torch is not None:
         # As DataLoader does: one intra-op thread per worker, or workers fight over the cores.

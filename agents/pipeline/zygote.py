@@ -35,14 +35,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agents.pipeline.worker import ignore_group_signals
+
 log = logging.getLogger(__name__)
 
 # Every fork of the pipeline's process that this package makes holds this lock, so that no
 # fork of ours copies pipe ends that another of our pipelines is handing over to a worker.
 FORK_LOCK = threading.Lock()
 
-_PID = struct.Struct("<q")
-_REQUEST_TIMEOUT_S = 10.0
+# An answer: the number of the request it answers, and the new worker's pid (or -errno).
+_ANSWER = struct.Struct("<qq")
+_REQUEST_TIMEOUT_S = 10.0  # the socket's timeout: a launcher that does not answer is gone
 _KILL_REAP_S = 1.0  # how long close() waits for the launcher to die after SIGKILL
 _PR_SET_PDEATHSIG = 1
 
@@ -90,6 +93,7 @@ class Zygote:
         self._socket = ours
         self._lock = threading.Lock()
         self._closed = False
+        self._requests = 0  # requests sent: each is numbered, and so is its answer
 
     def spawn(self, request: dict[str, Any]) -> tuple[int, int | None, int, int]:
         """Start a worker; return its pid, a pidfd (``None`` where the platform has none),
@@ -100,22 +104,28 @@ class Zygote:
             with self._lock:
                 if self._closed:
                     raise LauncherGone("the pipeline is stopping")
+                self._requests += 1
+                number = self._requests
                 try:
                     with FORK_LOCK:
-                        socket.send_fds(self._socket, [pickle.dumps(request)], [items_r, results_w])
+                        socket.send_fds(
+                            self._socket,
+                            [pickle.dumps({**request, "number": number})],
+                            [items_r, results_w],
+                        )
                         # Only the worker may hold its ends: end-of-file on the result pipe
                         # is how the pipeline learns that the worker is gone.
                         os.close(items_r)
                         os.close(results_w)
                         items_r = results_w = -1
-                    message, fds, _, _ = socket.recv_fds(self._socket, 64, 1)
+                    message, fds = self._answer_to(number)
                 except (OSError, TimeoutError) as exc:
                     raise LauncherGone(
                         f"the worker launcher (pid {self.pid}) is gone: {exc}"
                     ) from exc
             if not message:
                 raise LauncherGone(f"the worker launcher (pid {self.pid}) closed its socket")
-            (pid,) = _PID.unpack(message)
+            _, pid = _ANSWER.unpack(message)
             if pid < 0:
                 raise LauncherGone(f"the worker launcher could not fork: {os.strerror(-pid)}")
             return pid, (fds[0] if fds else None), items_w, results_r
@@ -124,6 +134,20 @@ class Zygote:
                 if fd >= 0:
                     _close(fd)
             raise
+
+    def _answer_to(self, number: int) -> tuple[bytes, list[int]]:
+        """The launcher's answer to request ``number`` (the lock held). A late answer to an
+        earlier request, one that timed out, is dropped (its pidfd closed): taken for this
+        one, it gave this worker another's pid, and every later request the answer before."""
+        deadline = time.monotonic() + _REQUEST_TIMEOUT_S
+        while True:
+            message, fds, _, _ = socket.recv_fds(self._socket, 64, 1)
+            if not message or _ANSWER.unpack(message)[0] == number:
+                return message, fds
+            for fd in fds:
+                _close(fd)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer to request {number} in {_REQUEST_TIMEOUT_S} s")
 
     def alive(self) -> bool:
         """Say whether the launcher still runs."""
@@ -175,8 +199,7 @@ def _launcher(
     prefix: str | None,
 ) -> None:
     """The launcher's loop: fork workers on request, reap them, and leave with the pipeline."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    ignore_group_signals()  # it leaves with the pipeline's process, not with the group
     children: dict[int, tuple[int, int]] = {}  # pid -> where its exit status goes
     try:
         while True:
@@ -203,7 +226,7 @@ def _launcher(
                 except OSError:
                     reply_fds = []
             try:
-                socket.send_fds(sock, [_PID.pack(pid)], reply_fds)
+                socket.send_fds(sock, [_ANSWER.pack(request["number"], pid)], reply_fds)
             except OSError:
                 return
             finally:
@@ -219,7 +242,9 @@ def _launcher(
         while children and time.monotonic() < deadline:
             _reap(children, statuses)
             time.sleep(0.01)
-        if prefix is not None and os.getppid() != parent:
+        if prefix is not None:
+            # The pipeline's process sweeps after it has closed this launcher too, but it may
+            # be killed on its way (a second Ctrl-C, SIGKILL): the launcher is the last out.
             from agents.pipeline import shm
 
             shm.sweep(prefix)

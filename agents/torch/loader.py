@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ import torch
 import torch.utils.data
 
 from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
+from agents.pipeline.errors import AllocationError, as_raised_type
+from agents.pipeline.signals import deferred
 from agents.pipeline.worker import POLL_S, error_type_name
 from agents.torch.steps import (
     EpochEnd,
@@ -155,7 +158,10 @@ class DataLoader(torch.utils.data.DataLoader):
         self._epoch = 0
         self._base_seed: int | None = None
         self._plans: _Plans | None = None
-        self._epoch_iterator: _EpochIterator | None = None
+        # Held weakly, as torch's loader holds its iterator: a loop left by an exception drops
+        # its iterator, whose __del__ stops the epoch's workers; a strong reference here kept
+        # them running (and their memory) until the next epoch or close().
+        self._epoch_iterator_ref: weakref.ref[_EpochIterator] | None = None
         self._receiver: _Receiver | None = None
         self._stats = _ConsumerStats()
         self._allocation: dict[str, int] = {}
@@ -253,8 +259,9 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> _EpochIterator:
         """Start an epoch (ending the one before, if still running) and return its iterator."""
         with self._lock:
-            if self._epoch_iterator is not None:
-                self._epoch_iterator.close(superseded=True)
+            current = self._epoch_iterator
+            if current is not None:
+                current.close(superseded=True)
             self._epoch += 1
             epoch = self._epoch
             # As torch: a new base seed per iterator (once only with persistent workers),
@@ -274,8 +281,15 @@ class DataLoader(torch.utils.data.DataLoader):
                 pipeline = self._build_pipeline(self._base_seed)
                 pipeline.source.items = items
                 self._start(pipeline)
-            self._epoch_iterator = _EpochIterator(self, self._receiver, epoch)
-            return self._epoch_iterator
+            iterator = _EpochIterator(self, self._receiver, epoch)
+            self._epoch_iterator_ref = weakref.ref(iterator)
+            return iterator
+
+    @property
+    def _epoch_iterator(self) -> _EpochIterator | None:
+        """The running epoch's iterator, while someone holds it."""
+        ref = self._epoch_iterator_ref
+        return ref() if ref is not None else None
 
     def _start(self, pipeline: Pipeline) -> None:
         self._pipeline = pipeline
@@ -318,8 +332,9 @@ class DataLoader(torch.utils.data.DataLoader):
     def _epoch_finished(self, iterator: _EpochIterator) -> None:
         """The consumer reached the end of an epoch (or left it): free its workers."""
         with self._lock:
-            if self._epoch_iterator is iterator:
-                self._epoch_iterator = None
+            current = self._epoch_iterator
+            if current is iterator or current is None:  # None: it is being collected
+                self._epoch_iterator_ref = None
             if self.persistent_workers:
                 if self._plans is not None:
                     self._plans.finish(iterator.epoch)
@@ -335,9 +350,10 @@ class DataLoader(torch.utils.data.DataLoader):
     def close(self) -> None:
         """Stop the workers now (persistent ones included); the loader can iterate again."""
         with self._lock:
-            if self._epoch_iterator is not None:
-                self._epoch_iterator.close()
-            self._epoch_iterator = None
+            current = self._epoch_iterator
+            if current is not None:
+                current.close()
+            self._epoch_iterator_ref = None
             receiver, self._receiver = self._receiver, None
             if self._plans is not None:
                 self._plans.close()
@@ -381,7 +397,16 @@ class DataLoader(torch.utils.data.DataLoader):
         ``num_workers`` readers whatever is asked (see the class's docstring)."""
         allocation = self._pinned(allocation)
         with self._lock:
-            self._pipeline.apply(allocation)
+            try:
+                self._pipeline.apply(allocation)
+            except PipelineStopped:
+                # Stopped under the loader (its stop() from another thread): the next
+                # epoch's pipeline starts at this allocation.
+                problems = self._pipeline.check(allocation)
+                if problems:
+                    raise AllocationError("; ".join(problems)) from None
+                self._allocation = {**self._allocation, **allocation}
+                return
             self._allocation = self._pipeline.allocation
 
     def check(self, allocation: dict[str, int]) -> list[str]:
@@ -490,9 +515,11 @@ class _EpochIterator:
         return payload
 
     def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self.loader._epoch_finished(self)
+        # Ctrl-C held: cut between the two, the epoch read as ended and its workers ran on.
+        with deferred():
+            if not self._done:
+                self._done = True
+                self.loader._epoch_finished(self)
 
     def close(self, superseded: bool = False) -> None:
         """End this epoch early (its remaining batches are dropped); ``superseded``: by a
@@ -506,82 +533,6 @@ class _EpochIterator:
             self._finish()
         except Exception:
             pass
-
-
-_BOTH_TYPES: dict[type, type | None] = {}
-
-
-def as_raised_type(failure: StageFailed) -> BaseException:
-    """The stage's error as torch's DataLoader raises a worker's: of the type the dataset (or
-    collate_fn, ...) raised, so that ``except KeyError`` in a training loop catches it.
-
-    It is a ``StageFailed`` too (a class deriving from both), naming the stage and holding the
-    worker's traceback; the original type's own fields are unset (an ``OSError``'s ``errno``
-    is ``None``, as in torch's, which builds it from the message). Where the two cannot be
-    combined (an extension type with an instance layout of its own), it is built from the
-    message, as torch builds it, with the ``StageFailed`` as its cause; where that fails too
-    (a constructor that wants other arguments), the ``StageFailed`` itself, a
-    ``RuntimeError``, as torch's fallback is."""
-    kind = _resolve_type(failure.error_type)
-    if kind is None or not issubclass(kind, Exception) or isinstance(failure, kind):
-        return failure
-    if kind not in _BOTH_TYPES:
-        try:
-            both = type(
-                kind.__name__,
-                (StageFailed, kind),
-                {
-                    "__module__": kind.__module__,
-                    "__str__": BaseException.__str__,
-                    # StageFailed's arguments are not the original type's (OSError's __new__
-                    # would read them as errno, strerror, filename, ...).
-                    "__new__": _bare_new(kind),
-                },
-            )
-        except TypeError:  # instance lay-out conflict
-            both = None
-        _BOTH_TYPES[kind] = both
-    both = _BOTH_TYPES[kind]
-    args = (failure.stage, failure.seq, failure.error, failure.traceback_text, failure.error_type)
-    if both is not None:
-        raised = both(*args)
-        raised.__cause__ = failure.__cause__
-        return raised
-    try:
-        raised = kind(str(failure))
-    except Exception:
-        return failure
-    raised.__cause__ = failure
-    return raised
-
-
-def _bare_new(kind: type) -> Callable[..., Any]:
-    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        return kind.__new__(cls)
-
-    return __new__
-
-
-def _resolve_type(name: str) -> type | None:
-    """The type a ``"module:qualname"`` names, if this process has it (else ``None``)."""
-    import importlib
-    import sys
-
-    module_name, _, qualname = name.partition(":")
-    if not qualname:
-        return None
-    module = sys.modules.get(module_name)
-    if module is None:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception:
-            return None
-    found: Any = module
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            return None
-    return found if isinstance(found, type) else None
 
 
 class _Receiver:
@@ -632,6 +583,12 @@ class _Receiver:
             except queue.Empty:
                 if self._stopped.is_set():
                     raise self._stopped_error() from None
+                if not self._thread.is_alive() and self._queue.empty():
+                    # Its every way out puts a message first; gone without one, no item
+                    # will ever come: say so rather than wait on.
+                    raise RuntimeError(
+                        "the loader's thread that takes the pipeline's items ended unexpectedly"
+                    ) from None
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
         if kind == "item":
@@ -659,6 +616,9 @@ class _Receiver:
                 continue
             except PipelineStopped:
                 pass  # the consumer is told below, by the one message for a stop
+            except BaseException as exc:  # noqa: BLE001 - the consumer must hear of it
+                self._put(("error", exc))
+                return
             self._put(("stopped", None))
             return
 
