@@ -5,6 +5,7 @@ the database is PostgreSQL when DATABASE_URL names it (CI), else SQLite.
 """
 
 import os
+import sys
 import uuid
 from dataclasses import dataclass, field
 
@@ -174,6 +175,23 @@ def make_host(db, operator):
 
 
 # --- live processes ------------------------------------------------------------------------------
+# How long the session waits at its end for the databases live stacks drop in the background.
+DROP_WAIT_S = 120
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_live_database_is_dropped():
+    """Live stacks drop their databases in the background (tests/support/live_stack.py); the
+    session ends once every drop is done, and fails if one failed or is still running."""
+    yield
+    live_stack = sys.modules.get("tests.support.live_stack")
+    if live_stack is None:  # no test started a live stack
+        return
+    left = live_stack.wait_for_pending_drops(DROP_WAIT_S)
+    if left:
+        pytest.fail("databases of live stacks were not dropped:\n" + "\n".join(left))
+
+
 @pytest.fixture(scope="module")
 def live_stack(tmp_path_factory, redis_url):
     """Web server and Celery worker as real processes on a fresh database, for one test module."""

@@ -6,6 +6,10 @@ is an import too), so a cycle cannot hide inside a function.
 """
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,6 +147,56 @@ def test_runtime_code_imports_no_benchmark_or_test():
     for package in RUNTIME_PACKAGES:
         for module, names in external_imports(package).items():
             assert not names & {"benchmarks", "tests"}, module
+
+
+# What a web process and a management command import before their first request or command: the
+# gunicorn settings, the worker class and the ASGI app; the Celery app with its tasks (the web
+# app sends them); Django set up (as ``manage.py shell`` and ``intune_user`` are).
+SERVICE_IMPORTS = r"""
+import importlib.util, json, os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+spec = importlib.util.spec_from_file_location("gunicorn_conf", "webapp/gunicorn_conf.py")
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+import webapp.stack.web_worker
+import webapp.asgi
+from webapp import celery_app
+celery_app.loader.import_default_modules()
+import tuner
+tuner.TUNER_NAMES, tuner.DEFAULT_POLICY, tuner.Observation
+before_worker = sorted(m for m in sys.modules if m == "torch" or m.startswith("tuner"))
+from celery.signals import worker_init
+worker_init.send(sender=None)
+print(json.dumps([before_worker, "torch" in sys.modules]))
+"""
+
+
+def test_a_web_process_and_a_command_start_without_importing_torch_and_a_worker_with_it():
+    """torch is a second and a half of CPU to import on the CI's cores; only a tuning step needs
+    it (tuner.make_tuner, dumps, loads import it on first use), not a web process's start. A
+    Celery worker imports it as it starts, so that no tuning step imports it mid-transaction."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="webapp.settings")
+    done = subprocess.run(
+        [sys.executable, "-c", SERVICE_IMPORTS], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    imported, worker_imported_torch = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "tuner" in imported  # the web app did import the tuner package, only not torch
+    assert "torch" not in imported, imported
+    assert "tuner.control" not in imported, imported
+    assert worker_imported_torch
+
+
+def test_a_tuner_name_that_needs_torch_imports_it_on_first_use():
+    code = (
+        "import sys, tuner; before = 'torch' in sys.modules; tuner.make_tuner; "
+        "print(before, 'torch' in sys.modules, tuner.make_tuner is tuner.control.make_tuner)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "True"]
 
 
 def test_the_check_finds_a_cycle_hidden_in_a_function(tmp_path):

@@ -17,9 +17,10 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from tuner.baselines import HillClimbTuner, LinearProgramTuner, RandomTuner, StaticTuner
-from tuner.finetune import finetune
+from tuner.finetuning import finetune
 from tuner.fit import fit_scenario
 from tuner.intune import IntuneConfig, IntuneTuner
+from tuner.names import DEFAULT_POLICY, TUNER_NAMES
 from tuner.observation import Decision, HostObservation, Observation, StageObservation
 from tuner.prior import PriorTuner
 
@@ -39,8 +40,6 @@ __all__ = [
     "make_tuner",
 ]
 
-DEFAULT_POLICY = Path(__file__).parent / "policies" / "intune-default.pt"
-TUNER_NAMES = ("intune", "prior", "hillclimb", "lp", "static", "random")
 CHECKPOINT_FORMAT = "intune-tuner-checkpoint"
 CHECKPOINT_VERSION = 1
 _BASELINES = {

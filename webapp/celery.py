@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import setup_logging
+from celery.signals import setup_logging, worker_init
 
 from .broker_guard import install as install_broker_guard
 
@@ -29,3 +29,14 @@ def use_the_django_logging_settings(loglevel: int | str | None = None, **_: obje
     dictConfig(settings.LOGGING)
     if loglevel:
         logging.getLogger().setLevel(loglevel)
+
+
+@worker_init.connect
+def import_the_tuner_before_the_first_task(**_: object) -> None:
+    """A worker runs tuning steps: it imports torch (through :mod:`tuner.control`) when it
+    starts, before its pool forks, as it did when ``import tuner`` imported torch. Left to the
+    first step, the import ran inside the step's transaction with the session row locked: 1.5 to
+    4 s on a loaded machine, and an agent's batch waiting on that row past the lock timeout was
+    answered 503 (tests/e2e/test_worker_killed_mid_session.py, with the replacement worker). The
+    web processes, beat and management commands do not import it (tuner/__init__.py)."""
+    import tuner.control  # noqa: F401

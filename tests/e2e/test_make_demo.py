@@ -94,7 +94,7 @@ def test_the_demo_runs_the_system_and_ctrl_c_stops_every_process(tmp_path, redis
         except subprocess.TimeoutExpired:
             demo.kill()
             raise
-        database.drop()
+        database.drop(wait=False)  # the session waits for it at its end (tests/conftest.py)
     assert demo.returncode == 0, (tmp_path / "demo.out").read_text()[-3000:]
     survivors = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not survivors, f"left behind: {[c.cmdline() for c in survivors]}"

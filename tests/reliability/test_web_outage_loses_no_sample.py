@@ -51,6 +51,18 @@ def assert_nothing_lost(figures: dict) -> None:
     assert after["n"] >= figures["before"]["n"] + int(figures["outage_s"]) - 1, figures
 
 
+def test_the_agent_sends_every_sample_once_after_a_10_s_outage(fault_stack, agent_state):
+    # 10 s: the agent buffers ten samples and retries with a growing backoff (0.5 s doubled per
+    # failure, jittered); the longer outages below (make soak) take the backoff to its 15 s cap.
+    figures = survive_web_outage(fault_stack, agent_state, outage_s=10)
+    assert_nothing_lost(figures)
+    print(
+        f"web down {figures['outage_s']:.0f} s; backlog stored {figures['recovered_s']:.1f} s "
+        f"after it came back; {figures['after']['n']} samples, none lost, none twice"
+    )
+
+
+@pytest.mark.soak
 def test_the_agent_sends_every_sample_once_after_a_20_s_outage(fault_stack, agent_state):
     figures = survive_web_outage(fault_stack, agent_state, outage_s=20)
     assert_nothing_lost(figures)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -62,12 +63,62 @@ class FreshDatabase:
         self.url = self._url_of(self.name)
         return self.url
 
-    def drop(self) -> None:
-        if self.url.startswith(("postgres://", "postgresql://")):
-            import psycopg
+    def drop(self, *, wait: bool = True) -> None:
+        """Drop the database (a SQLite file goes with its directory). ``wait=False`` drops it in
+        a thread of its own, so that a test's teardown does not wait for PostgreSQL: the thread
+        is not a daemon (the process exits only once it is done), and the test session waits
+        for every such drop at its end (:func:`wait_for_pending_drops`)."""
+        if not self.url.startswith(("postgres://", "postgresql://")):
+            return
+        if wait:
+            self._drop()
+            return
+        thread = threading.Thread(target=self._drop_noting_failure, name=f"drop {self.name}")
+        with _DROPS_LOCK:
+            _PENDING_DROPS[thread] = self.name
+        thread.start()
 
-            with psycopg.connect(self.base_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+    def _drop(self) -> None:
+        import psycopg
+
+        # Bounded: a connection that cannot be made or a DROP that waits on a lock fails.
+        with psycopg.connect(
+            self.base_url, autocommit=True, connect_timeout=10, options="-c statement_timeout=60000"
+        ) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    def _drop_noting_failure(self) -> None:
+        try:
+            self._drop()
+        except Exception as exc:
+            with _DROPS_LOCK:
+                _FAILED_DROPS.append(f"{self.name}: {exc}")
+        finally:
+            with _DROPS_LOCK:
+                _PENDING_DROPS.pop(threading.current_thread(), None)
+
+
+# Databases being dropped in the background (thread -> database), and the drops that failed.
+_DROPS_LOCK = threading.Lock()
+_PENDING_DROPS: dict[threading.Thread, str] = {}
+_FAILED_DROPS: list[str] = []
+
+
+def wait_for_pending_drops(timeout: float) -> list[str]:
+    """Wait up to ``timeout`` seconds in all for the background drops of :meth:`FreshDatabase.drop`
+    to end; what is left: each database still being dropped or whose drop failed, with why."""
+    deadline = time.monotonic() + timeout
+    with _DROPS_LOCK:
+        threads = list(_PENDING_DROPS)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with _DROPS_LOCK:
+        left = [
+            f"{name}: still being dropped after {timeout:.0f} s" for name in _PENDING_DROPS.values()
+        ]
+        left += _FAILED_DROPS
+        _FAILED_DROPS.clear()
+    return left
 
 
 TEMPLATE_PREFIX = "intune_live_template_"
@@ -134,15 +185,26 @@ def _copy_database(conn, template: str, name: str) -> None:
             time.sleep(0.2)
 
 
+# The stack's own services, killed when it stops (LiveStack.stop says why).
+KILLED_AT_STOP = ("web", "worker", "beat")
+
+
 class LiveStack:
     """Web server, Celery worker (and optionally beat and agents) as real processes."""
 
     def __init__(
-        self, directory: Path, *, beat: bool = False, extra_env: dict[str, str] | None = None
+        self,
+        directory: Path,
+        *,
+        beat: bool = False,
+        extra_env: dict[str, str] | None = None,
+        web_env: dict[str, str] | None = None,
     ):
         self.directory = Path(directory)
         self.beat = beat
         self.extra_env = extra_env or {}
+        # For the web server alone, over extra_env (not for the worker or the tests' reads).
+        self.web_env = web_env or {}
         self.group = ProcessGroup(log_dir=self.directory / "logs")
         self.database = FreshDatabase(self.directory, migrated=True)
         self.embedded_redis: EmbeddedRedis | None = None
@@ -154,6 +216,10 @@ class LiveStack:
         # Another web command than the shipped one (benchmarks compare the former tier).
         self.web_argv: list[str] | None = None
         self.manage_shell: ManageShell | None = None
+        # The service each started instance runs ("worker-2" runs "worker").
+        self.services: dict[str, str] = {}
+        # False where the database server goes away with the test (a private one).
+        self.drop_in_background = True
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "LiveStack":
@@ -181,7 +247,8 @@ class LiveStack:
         if self.database.needs_migrate:
             self.manage("migrate", "--noinput")
         if self.web_argv:
-            self.group.start("web", self.web_argv, self.env, cwd=ROOT)
+            self.group.start("web", self.web_argv, self.env | self.web_env, cwd=ROOT)
+            self.services["web"] = "web"
         else:
             self.start_service("web")
         self.start_service("worker")
@@ -191,12 +258,20 @@ class LiveStack:
         return self
 
     def stop(self) -> None:
+        """End the stack at once, its test done: the web server, worker and beat are killed
+        (SIGKILL: nothing is left to check of them, and their graceful stop took 2.2 to 4.7 s
+        of each test's teardown; a test of how a service stops signals it itself, through
+        ``group.stop``), the agents are stopped with SIGTERM as before (an agent killed would
+        leave its shared-memory files in /dev/shm), and the database is dropped in the
+        background (the session waits for it at its end, tests/conftest.py)."""
         if self.manage_shell is not None:
             self.manage_shell.stop()
+        for instance in [i for i in self.group.children if self.services.get(i) in KILLED_AT_STOP]:
+            self.group.kill(instance)
         self.group.stop_all(together=True)
         if self.embedded_redis is not None:
             self.embedded_redis.stop()
-        self.database.drop()
+        self.database.drop(wait=not self.drop_in_background)
 
     def __enter__(self) -> "LiveStack":
         return self.start()
@@ -214,7 +289,9 @@ class LiveStack:
         instance: str | None = None,
     ):
         argv = command(name, self.python, self.bin_dir) + list(argv_extra or [])
-        return self.group.start(instance or name, argv, self.env | (env or {}), cwd=ROOT)
+        self.services[instance or name] = name
+        env = self.env | (self.web_env if name == "web" else {}) | (env or {})
+        return self.group.start(instance or name, argv, env, cwd=ROOT)
 
     def start_agent(
         self,

@@ -91,17 +91,16 @@ class ManageShell:
             return reply["rc"], reply["stdout"], reply["stderr"]
 
     def stop(self) -> None:
+        """Kill the process: it holds nothing to save (each command's connections are closed
+        when it ends), and closing its input to let it exit took 0.2 to 0.3 s of a teardown."""
         process, self.process = self.process, None
         if process is None:
             return
         if process.poll() is None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            process.kill()
+            process.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            process.stdin.close()
         process.stdout.close()
 
 

@@ -3,7 +3,7 @@
 One table says it, and both the validation and the OpenAPI schema read it, so a client (or a
 fuzzer) that follows the schema sends options the control plane takes. The ranges keep out
 values with which a tuning session would fail later (a Q-network 0 units wide, a batch of 0).
-They belong with ``tuner.intune.IntuneConfig``; until it states them, they are here.
+They belong with ``tuner.intune_config.IntuneConfig``; until it states them, they are here.
 
 The ``policy`` option of ``tuner.make_tuner`` (a file path on the control plane) is not taken
 through the API: a client must not make the server read a file of its choosing. Every session
@@ -16,7 +16,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 import tuner as tuner_lib
-from tuner.intune import IntuneConfig
+from tuner.intune_config import IntuneConfig
 
 MAX_PRETRAIN_STEPS = 100_000
 # The shipped policy's weights fix the Q-network's shape: another width could not load them.
