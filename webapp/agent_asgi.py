@@ -16,10 +16,18 @@ connection (about 12 KB, no thread):
 - On SIGTERM (gunicorn stopping or replacing a worker) every held long-poll answers 204 at once,
   as a timed-out one does, and the agents re-arm on another process.
 - A request line over 4,094 bytes is answered 414 here, as gunicorn's own limit did.
+- A body is refused from the head alone, before any of it is read (so before a ``100 Continue``
+  invites the client to send it): ``413`` when its Content-Length is over the limit, ``415``
+  when it has a Content-Encoding (``body_refusal``). A chunked body is read here up to the limit
+  (``413`` beyond) and handed to Django with its length: Django's ASGI handler took a chunked
+  body whole, without a limit, and DRF read one without a Content-Length as empty.
+- ``HEAD`` of an agent endpoint is served here as its ``GET``: through Django's handler a HEAD
+  long-poll blocked the one thread Django's synchronous views share for its whole wait.
 """
 
 import asyncio
 import io
+import json
 import logging
 import re
 import signal
@@ -38,10 +46,12 @@ from webapp.jobs.api.allocation import HOLD_KEY, render_newer_allocation
 from webapp.metrics.instruments import held_long_poll
 from webapp.pubsub import CONNECTION_OPTIONS as REDIS_OPTIONS
 from webapp.pubsub import SOCKET_TIMEOUT_S
+from webapp.stack.web_worker import CLIENT_EOF
 
 log = logging.getLogger(__name__)
 
 AGENT_PATH = re.compile(r"^/api/v1/hosts/([0-9]+)/(allocation|metrics)/$")
+AGENT_METHODS = ("GET", "HEAD", "POST")
 # gunicorn's limit_request_line: the longest request line (method, URL, version) it reads.
 MAX_REQUEST_LINE = 4094
 # While the Redis subscription is down, a held long-poll re-reads the database this often, so
@@ -175,6 +185,44 @@ class AllocationWaker:
             self.wake(host_id)
 
 
+def body_refusal(headers, max_body: int) -> tuple[int, bytes, list] | None:
+    """``(status, content, headers)`` of the answer to a request whose body is refused from its
+    head alone (a Content-Length over ``max_body``: 413; a Content-Encoding: 415), else None.
+    Answered before the body is read, so before any ``100 Continue``; a client that waits for
+    one never sends its body, so that answer also closes the connection."""
+    length = encoding = None
+    expects = chunked = False
+    for name, value in headers:
+        if name == b"content-length":
+            length = value
+        elif name == b"content-encoding":
+            encoding = value
+        elif name == b"transfer-encoding":
+            chunked = True
+        elif name == b"expect":
+            expects = value.strip().lower() == b"100-continue"
+    if length is None and encoding is None:
+        return None
+    extra = [(b"connection", b"close")] if expects else []
+    size = int(length) if length is not None and length.isdigit() else 0
+    if size > max_body:
+        detail = f"the body is {size} bytes; the limit is {max_body} bytes: send smaller batches"
+        return 413, _detail(detail), extra
+    if encoding is not None and (size or chunked):
+        coding = encoding.strip().lower()
+        if coding not in (b"", b"identity"):
+            detail = (
+                f"the body is {coding.decode('latin-1')}-encoded (Content-Encoding): this server "
+                "reads bodies only as they are (identity); send it without Content-Encoding"
+            )
+            return 415, _detail(detail), [(b"accept-encoding", b"identity"), *extra]
+    return None
+
+
+def _detail(detail: str) -> bytes:
+    return json.dumps({"detail": detail}).encode()
+
+
 def wsgi_environ(scope: dict, body: bytes) -> dict:
     """The WSGI environ of an ASGI HTTP request whose whole body is ``body``."""
     server = scope.get("server") or ("localhost", 80)
@@ -199,6 +247,11 @@ def wsgi_environ(scope: dict, body: bytes) -> dict:
     if client:
         environ["REMOTE_ADDR"], environ["REMOTE_PORT"] = client[0], str(client[1])
     for raw_name, raw_value in scope.get("headers", ()):
+        if b"_" in raw_name:
+            # As gunicorn and Django's ASGI handler: X_Forwarded_Proto must not pass for
+            # X-Forwarded-Proto (a proxy strips only the one it knows), nor Content_Type for
+            # Content-Type.
+            continue
         name = raw_name.decode("latin-1").upper().replace("-", "_")
         value = raw_value.decode("latin-1")
         if name == "CONTENT_LENGTH":
@@ -239,12 +292,56 @@ class AgentFront:
                     b"text/html",
                 )
                 return
+            refusal = body_refusal(scope["headers"], self.max_body)
+            if refusal is not None:
+                await self._refuse(send, *refusal)
+                return
             match = AGENT_PATH.match(scope["path"])
-            if match and scope["method"] in ("GET", "POST"):
+            if match and scope["method"] in AGENT_METHODS:
                 self.waker.start()
                 await self._agent(scope, receive, send, int(match.group(1)), match.group(2))
                 return
+            if any(name == b"transfer-encoding" for name, _ in scope["headers"]):
+                await self._django_chunked(scope, receive, send)
+                return
         await self.django(scope, receive, send)
+
+    async def _django_chunked(self, scope, receive, send) -> None:
+        """Django's with a chunked body: read here up to the limit and handed over with its
+        length (Django's ASGI handler read it whole, unbounded, and DRF took it for empty)."""
+        body = await self._read_body(receive, send)
+        if body is None:
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k != b"transfer-encoding"]
+        scope = dict(scope, headers=[*headers, (b"content-length", str(len(body)).encode())])
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.django(scope, replay, send)
+
+    async def _read_body(self, receive, send) -> bytes | None:
+        """The request's whole body; None when the client went away, or when it passed the
+        limit (then answered 413 here: the rest is left unread, and the server discards it)."""
+        body, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                detail = f"the body is over {self.max_body} bytes, the limit: send smaller batches"
+                await self._refuse(send, 413, _detail(detail), [])
+                return None
+            body.append(chunk)
+            if not message.get("more_body"):
+                return body[0] if len(body) == 1 else b"".join(body)
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -278,25 +375,11 @@ class AgentFront:
                 return
 
     async def _agent(self, scope, receive, send, host_id: int, endpoint: str) -> None:
-        body, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            if size <= self.max_body:  # beyond, Django answers 413 from the length alone
-                body.append(chunk)
-            size += len(chunk)
-            if not message.get("more_body"):
-                break
-        data = b"".join(body)
+        data = await self._read_body(receive, send)
+        if data is None:
+            return
         loop = asyncio.get_running_loop()
-        if (
-            self.lean_post
-            and endpoint == "metrics"
-            and scope["method"] == "POST"
-            and size == len(data)
-        ):
+        if self.lean_post and endpoint == "metrics" and scope["method"] == "POST":
             answer = await loop.run_in_executor(
                 self.pool, self._lean, self.lean_post, scope, host_id, data
             )
@@ -305,8 +388,13 @@ class AgentFront:
                 return
         # Registered before the version is read (here or by the view): a version published
         # after that read wakes this future, so none is missed between the read and the wait.
-        future = self.waker.register(host_id) if scope["method"] == "GET" else None
-        if future is not None and self.lean_poll and endpoint == "allocation":
+        future = self.waker.register(host_id) if scope["method"] in ("GET", "HEAD") else None
+        if (
+            future is not None
+            and self.lean_poll
+            and endpoint == "allocation"
+            and scope["method"] == "GET"
+        ):
             try:
                 held = await loop.run_in_executor(
                     self.pool, self._lean, self.lean_poll, scope, host_id, data
@@ -315,6 +403,7 @@ class AgentFront:
                     with held_long_poll():
                         after, wait = held
                         await self._hold(
+                            scope,
                             receive,
                             send,
                             host_id,
@@ -326,8 +415,6 @@ class AgentFront:
                 self.waker.discard(host_id, future)
                 raise
         environ = wsgi_environ(scope, data)
-        if size != len(data):
-            environ["CONTENT_LENGTH"] = str(size)
         hold = environ[HOLD_KEY] = {}
         try:
             status, headers, content = await loop.run_in_executor(self.pool, self._run, environ)
@@ -335,22 +422,25 @@ class AgentFront:
                 await self._send(send, status, headers, content)
                 return
             with held_long_poll():
-                await self._hold(receive, send, host_id, hold, future)
+                await self._hold(scope, receive, send, host_id, hold, future)
         finally:
             if future is not None:
                 self.waker.discard(host_id, future)
 
-    async def _hold(self, receive, send, host_id: int, hold: dict, future: asyncio.Future) -> None:
+    async def _hold(
+        self, scope, receive, send, host_id: int, hold: dict, future: asyncio.Future
+    ) -> None:
         """Hold the long-poll until a newer allocation, its wait, shutdown, or its client
         going away: the request's body is read, so the server's next message is the
         disconnect, and a poll whose agent timed out (and re-armed) is let go at once
-        rather than held, and counted, to the end of its wait."""
+        rather than held, and counted, to the end of its wait. A client that shut its
+        writing down (``CLIENT_EOF``: half-closed, or closed) is answered at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + hold["wait"]
         connected = self.waker.connected
         gone = asyncio.ensure_future(receive())
         try:
-            while not self.waker.closing:
+            while not self.waker.closing and CLIENT_EOF not in scope:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -362,7 +452,7 @@ class AgentFront:
                         self.waker.discard(host_id, future)
                         return
                     gone = asyncio.ensure_future(receive())
-                if self.waker.closing:
+                if self.waker.closing or CLIENT_EOF in scope:
                     break
                 if (
                     not future.done()
@@ -424,6 +514,22 @@ class AgentFront:
         if status not in (204, 304) and not any(k.lower() == b"content-length" for k, _ in raw):
             raw.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": content})
+
+    @staticmethod
+    async def _refuse(send, status: int, content: bytes, headers: list) -> None:
+        """A JSON refusal with ``detail`` (413, 415), before the body was read."""
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(content)).encode()),
+                    *headers,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": content})
 
     @staticmethod

@@ -7,6 +7,8 @@ pool of ``INTUNE_WEB_THREADS`` per process.
 
 import os
 
+from django.core.exceptions import ImproperlyConfigured
+
 from webapp.env import envint
 from webapp.metrics import multiprocess
 from webapp.settings import VAR_DIR
@@ -29,7 +31,15 @@ threads = envint("INTUNE_WEB_THREADS", 8)
 os.environ.setdefault("INTUNE_DB_POOL_MIN_SIZE", str(threads))
 timeout = 120
 graceful_timeout = 10
-keepalive = 30
+# Seconds an idle connection is kept open, between requests and before the first one. The
+# request and write timeouts (INTUNE_REQUEST_TIMEOUT_S, INTUNE_WRITE_TIMEOUT_S) are read by the
+# worker (webapp/stack/web_worker.py).
+keepalive = envint("INTUNE_KEEPALIVE_S", 30)
+if keepalive <= 0:
+    raise ImproperlyConfigured(
+        f"INTUNE_KEEPALIVE_S={keepalive} is not a positive number of seconds: use e.g. "
+        "INTUNE_KEEPALIVE_S=30, or unset it for that default"
+    )
 accesslog = os.getenv("INTUNE_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.getenv("INTUNE_LOG_LEVEL", "info").lower()
