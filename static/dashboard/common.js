@@ -164,6 +164,8 @@
   });
 
   // --- live refresh ---------------------------------------------------------------------------
+  const isHidden = () => document.visibilityState === "hidden";
+
   // Calls `tick` every `periodMs` while not paused; one call at a time, so a slow answer never
   // piles requests up. The Pause button and a hidden tab both stop it.
   class Live {
@@ -177,7 +179,8 @@
       this.status = this.root && this.root.querySelector("[data-live-status]");
       this.toggle = this.root && this.root.querySelector("[data-live-toggle]");
       if (this.toggle) this.toggle.addEventListener("click", () => this.setPaused(!this.paused));
-      document.addEventListener("visibilitychange", () => { if (!document.hidden) this.now(); });
+      // Shown again, a page refreshes at once, unless a person paused it.
+      document.addEventListener("visibilitychange", () => { if (!isHidden() && !this.paused) this.now(); });
     }
     setPaused(paused) {
       this.paused = paused;
@@ -203,7 +206,8 @@
         if (this.status) this.status.textContent = `Refresh failed: ${error.message}`;
       } finally {
         this.running = false;
-        if (!this.paused) this.timer = setTimeout(() => { if (!document.hidden) this.now(); else this.timer = setTimeout(() => this.now(), this.periodMs); }, this.periodMs);
+        // A hidden page schedules nothing: visibilitychange starts it again when it is shown.
+        if (!this.paused) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.periodMs);
       }
     }
   }

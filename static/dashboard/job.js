@@ -445,20 +445,27 @@
     updateTotal();
   }
 
+  // The workers per stage as the form holds them, and the stages whose count the browser cannot
+  // read as a whole number: an empty field, 2.5, or "3,5" typed where the decimal mark is a
+  // point (Firefox and Safari then give the field an empty value and set validity.badInput;
+  // Chromium drops the comma as it is typed).
   function formWorkers() {
     const workers = {};
+    const unreadable = [];
     for (const input of $("override-form").querySelectorAll("input[data-stage]")) {
-      const n = Number(input.value);
-      workers[input.dataset.stage] = input.value.trim() === "" ? null : (Number.isInteger(n) ? n : input.value);
+      const text = input.value.trim();
+      const n = Number(text);
+      if (input.validity.badInput || text === "" || !Number.isInteger(n)) unreadable.push(input.dataset.stage);
+      else workers[input.dataset.stage] = n;
     }
-    return workers;
+    return { workers, unreadable };
   }
 
   function updateTotal() {
     // CPU slots as agents/budget.py counts them: workers x the slots one worker takes.
     const perWorker = {};
     for (const limit of (state.overview && state.overview.limits) || []) perWorker[limit.name] = limit.worker_cpu ?? 1;
-    const workers = formWorkers();
+    const { workers } = formWorkers();
     // The allocation is per rank: every rank of a multi-rank host runs it.
     const overview = state.overview;
     const ranks = (overview && overview.budget && overview.budget.ranks) || (overview && overview.ranks) || 1;
@@ -482,9 +489,15 @@
       form.addEventListener("input", (e) => { if (e.target.dataset.stage) { state.formTouched = true; updateTotal(); } });
       form.addEventListener("submit", async (event) => {
         event.preventDefault();
+        const { workers, unreadable } = formWorkers();
+        if (unreadable.length) {
+          const names = unreadable.map((name) => `'${name}'`).join(", ");
+          setMessage("override-message", `Not sent: the worker count of ${names} is not a whole number this browser can read; type digits only, e.g. 3.`, "error");
+          return;
+        }
         const expiresIn = form.elements.expires_in.value;
         const body = {
-          workers: formWorkers(), reason: form.elements.reason.value,
+          workers, reason: form.elements.reason.value,
           expires_at: expiresIn ? new Date(Date.now() + Number(expiresIn) * 1000).toISOString() : null,
         };
         const hostId = state.hostId;
