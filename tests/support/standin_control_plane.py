@@ -43,6 +43,8 @@ class StoredHost:
     batch_bytes: list[int] = field(default_factory=list)
     statuses: list[dict] = field(default_factory=list)
     dropped_reported: int = 0
+    # The sequence numbers of each batch stored and then hung up on (hang_up_after_storing).
+    unanswered: list[list[int]] = field(default_factory=list)
 
 
 def validate_sample(sample: dict, stage_names: list[str], where: str) -> str | None:
@@ -83,6 +85,11 @@ class StandinControlPlane:
         self.fail_next: list[int] = []  # statuses to answer any request with, for retry tests
         # The same for metrics batches only; an entry may be (status, detail).
         self.fail_next_metrics: list[int | tuple[int, str]] = []
+        # The next this many metrics batches that carry samples are stored, and then the
+        # connection is cut without an answer: the agent cannot tell that from a batch that was
+        # lost, so it must send the same samples again (at-least-once; the control plane
+        # stores a sequence number once). What was stored so is in ``StoredHost.unanswered``.
+        self.hang_up_after_storing = 0
         self.max_wait_s = 60.0  # longest long-poll hold; a longer ``wait`` is refused (400)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -299,7 +306,18 @@ class _Handler(BaseHTTPRequestHandler):
                 host.statuses.append(body.get("allocation_status") or {})
                 host.dropped_reported += int(body.get("dropped_samples", 0))
                 latest = host.allocations[-1]["version"] if host.allocations else 0
+                hang_up = bool(samples) and self.plane.hang_up_after_storing > 0
+                if hang_up:
+                    self.plane.hang_up_after_storing -= 1
+                    host.unanswered.append([s["seq"] for s in samples])
                 self.plane.changed.notify_all()
+            if hang_up:
+                self.close_connection = True
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return None
             return self._answer(
                 200,
                 {"stored": stored, "duplicates": duplicates, "latest_allocation_version": latest},

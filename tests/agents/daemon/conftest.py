@@ -7,6 +7,7 @@ exercised against the agent in tests/e2e. The pipeline is the real agents.pipeli
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections import Counter
@@ -181,6 +182,37 @@ def ride_out_outage(
     }
 
 
+class ShippingLog:
+    """What an agent sent and what it was told, seen from the agent: wraps the agent's
+    ``client.post_metrics`` (and calls it through; nothing is mocked).
+
+    The protocol is at-least-once: a batch the control plane stored but whose answer never
+    reached the agent (the connection cut as it went away, a timeout) must be sent again, and
+    the control plane stores each sequence number once. So a resend is a defect only when the
+    agent had received the acknowledgement of those samples (``resent_acknowledged``);
+    ``resent_unacknowledged`` counts the correct resends."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.acknowledged: set[int] = set()
+        self.sent: set[int] = set()
+        self.resent_unacknowledged = 0
+        self.resent_acknowledged: list[int] = []
+        self._post = agent.client.post_metrics
+        agent.client.post_metrics = self._post_metrics  # one shipper thread calls it
+
+    def _post_metrics(self, body: bytes) -> dict:
+        seqs = [sample["seq"] for sample in json.loads(body)["samples"]]
+        for seq in seqs:
+            if seq in self.acknowledged:
+                self.resent_acknowledged.append(seq)
+            elif seq in self.sent:
+                self.resent_unacknowledged += 1
+        self.sent.update(seqs)
+        answer = self._post(body)
+        self.acknowledged.update(seqs)
+        return answer
+
+
 def assert_nothing_lost_duplicated_or_paused(run: dict, stored_seqs: list[int], outage_s: float):
     expected = list(range(run["first_seq"], run["last_seq"] + 1))
     assert run["buffered_at_return"] >= outage_s / 0.2 * 0.5, "the outage really buffered samples"
@@ -201,10 +233,12 @@ def assert_nothing_lost_duplicated_or_paused(run: dict, stored_seqs: list[int], 
 
 @pytest.fixture
 def outage():
-    """The outage drill: ``outage.config(url, host_id, token)``, ``outage.ride_out(...)`` and
+    """The outage drill: ``outage.config(url, host_id, token)``, ``outage.watch(agent)`` (a
+    :class:`ShippingLog`), ``outage.ride_out(...)`` and
     ``outage.assert_nothing_lost_duplicated_or_paused(...)``."""
     return SimpleNamespace(
         config=agent_config,
+        watch=ShippingLog,
         ride_out=ride_out_outage,
         assert_nothing_lost_duplicated_or_paused=assert_nothing_lost_duplicated_or_paused,
     )

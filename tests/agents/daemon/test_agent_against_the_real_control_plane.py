@@ -40,6 +40,7 @@ def test_against_the_real_control_plane_gone_30_s_nothing_is_lost_or_duplicated(
     config = outage.config(live_control_plane.url, host_id, token)
     config.first_seq = time.time_ns() // 10**6
     agent = Agent(pipeline, config)
+    shipping = outage.watch(agent)
 
     def come_back():
         stack.start_service("web")
@@ -54,8 +55,12 @@ def test_against_the_real_control_plane_gone_30_s_nothing_is_lost_or_duplicated(
         wait_for,
         server_log=lambda: stack.log("web"),
     )
+    # Stored once each, though a batch stored as the web process went away is sent again.
     outage.assert_nothing_lost_duplicated_or_paused(
         run, stored_seqs_in_database(stack, host_id), LIVE_OUTAGE_S
+    )
+    assert shipping.resent_acknowledged == [], (
+        "the agent resent samples it had been told were stored"
     )
 
 
