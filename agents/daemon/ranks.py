@@ -728,21 +728,24 @@ class HostPipelines:
                     f"rank {rank}'s pipeline has stages {names} but the host's has "
                     f"{self.stage_names}; every rank must run the same pipeline"
                 )
-            if problem is not None:
-                lines.send({"type": "error", "reason": problem})
-                log.error("refused a rank: %s", problem)
-                return None
-            r = _Rank(rank, int(hello.get("pid", 0)), lines, hello.get("allocation") or {})
-            replaced = self._connected.get(rank)
-            self._connected[rank] = r
-            self._silent.pop(rank, None)  # back: its hello says what it runs
-            in_force = self._split.get(rank, self._in_force)
-            generation = self._generation
-            if self._joined_mid_move is not None:
-                # The share in force may change before the move ends (it may be refused, the
-                # split is of the ranks it started with); _end_of_move sends the final one.
-                self._joined_mid_move.append(r)
-                in_force = None
+            if problem is None:
+                r = _Rank(rank, int(hello.get("pid", 0)), lines, hello.get("allocation") or {})
+                replaced = self._connected.get(rank)
+                self._connected[rank] = r
+                self._silent.pop(rank, None)  # back: its hello says what it runs
+                in_force = self._split.get(rank, self._in_force)
+                generation = self._generation
+                if self._joined_mid_move is not None:
+                    # The share in force may change before the move ends (it may be refused, the
+                    # split is of the ranks it started with); _end_of_move sends the final one.
+                    self._joined_mid_move.append(r)
+                    in_force = None
+        if problem is not None:
+            # Sent without the lock: a rank that does not read would hold every other holder
+            # (the agent's sampler among them) for the socket's timeout.
+            lines.send({"type": "error", "reason": problem})
+            log.error("refused a rank: %s", problem)
+            return None
         if replaced is not None:
             replaced.lines.close()
         if in_force is not None and in_force != r.allocation:

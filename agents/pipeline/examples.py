@@ -152,12 +152,25 @@ class ContendedCompress:
     lock: Any
     serial: float = 0.4
     level: int = 6
+    lock_timeout_s: float = 30.0
 
     def __call__(self, block: bytes) -> bytes:
-        """The block compressed in two parts, the first under the shared lock."""
+        """The block compressed in two parts, the first under the shared lock.
+
+        Raises ``TimeoutError`` when the lock is not free within ``lock_timeout_s``: a
+        ``multiprocessing`` lock stays held when the worker holding it is killed (the OOM
+        killer, a stop past its grace), and every other worker of the stage would wait for it
+        forever; the stage fails instead."""
         cut = int(len(block) * self.serial)
-        with self.lock:
+        if not self.lock.acquire(timeout=self.lock_timeout_s):
+            raise TimeoutError(
+                f"the compress stage's shared lock was not free within {self.lock_timeout_s:g} s:"
+                " a worker killed while holding it leaves it held; restart the pipeline"
+            )
+        try:
             head = zlib.compress(block[:cut], self.level)
+        finally:
+            self.lock.release()
         return head + zlib.compress(block[cut:], self.level)
 
 

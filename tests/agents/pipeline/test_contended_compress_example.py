@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 
-from agents.pipeline.examples import checksum, contended_compress, make_block
+from agents.pipeline.examples import ContendedCompress, checksum, contended_compress, make_block
 
 
 def test_every_block_arrives_once_in_order_and_compressed_right():
@@ -28,3 +28,22 @@ def test_every_block_arrives_once_in_order_and_compressed_right():
 def test_a_serial_fraction_outside_0_to_1_is_refused():
     with pytest.raises(ValueError, match="serial is the locked fraction"):
         contended_compress(serial=1.5)
+
+
+def test_a_lock_left_held_by_a_killed_worker_fails_the_stage_within_its_bound():
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    lock = multiprocessing.get_context("fork").Lock()
+    holder = os.fork()
+    if holder == 0:  # takes the lock and is killed holding it, as the OOM killer would
+        lock.acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(holder, 0)
+    compress = ContendedCompress(lock, serial=0.5, lock_timeout_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="a worker killed while holding it"):
+        compress(make_block(0, kb=4))
+    assert time.monotonic() - started < 2.0
