@@ -118,9 +118,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # Blocking calls made while a lock is held.
     ("agents/daemon/ranks.py", "_Lines.send", "with self._send_lock: self.sock.sendall"): (
         "the lock is there to keep two messages' bytes apart on one socket, so it is held "
-        "across the send; the socket's timeout is at most RECEIVE_SLICE_S (0.2 s), set by "
-        "receive() before anything is sent (a hello is received first on both sides), after "
-        "which sendall raises and the rank is dropped"
+        "across the send; the socket always has a timeout: a rank's 2 s from "
+        "RankLink._connect until its first receive(), then at most RECEIVE_SLICE_S (0.2 s) "
+        "(the hub receives a hello before it sends), after which sendall raises and the "
+        "connection is dropped"
     ),
     ("agents/pipeline/zygote.py", "Zygote.__init__", "with FORK_LOCK: os.fork"): (
         "the fork is what FORK_LOCK is held for: no fork of ours copies pipe ends that are "
@@ -153,8 +154,8 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "buffer's capacity; the shipper sends outside it"
     ),
     ("agents/daemon/ranks.py", "_Lines._send_lock"): (
-        "held across one sendall, bounded by the socket's timeout (at most 0.2 s: see the "
-        "ALLOWED entry for _Lines.send)"
+        "held across one sendall, bounded by the socket's timeout (2 s, then 0.2 s: see "
+        "the ALLOWED entry for _Lines.send)"
     ),
     ("agents/daemon/ranks.py", "HostPipelines._lock"): (
         "the hub's state (connected ranks, split, generation): its holders copy or update "
@@ -163,8 +164,8 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
     ),
     ("agents/daemon/ranks.py", "HostPipelines._moving"): (
         "held for a whole move of the ranks' shares, by apply() and rebalance() only: at most "
-        "two steps and a move back, each a send (socket timeout 0.2 s) and a wait for the "
-        "answers bounded by apply_timeout_s; nothing that samples or ships takes it"
+        "two steps and a move back, each a send per rank (socket timeout 0.2 s) and a wait "
+        "for the answers bounded by apply_timeout_s; nothing that samples or ships takes it"
     ),
     ("agents/daemon/ranks.py", "RankLink._hosting_lock"): (
         "around self.hosted's changes: a listener closed, or host_here() starting the hub's "
