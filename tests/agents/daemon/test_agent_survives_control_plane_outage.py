@@ -12,6 +12,7 @@ resend of samples the agent had been told were stored, seen from the agent (``ou
 not the control plane's count of duplicates, which a correct resend makes nonzero.
 """
 
+import random
 import time
 
 from agents.daemon.agent import Agent
@@ -76,3 +77,37 @@ def test_an_allocation_published_after_the_outage_is_applied(
         version = control_plane.publish(host.id, {"parse": 2, "transform": 1})
         wait_for(lambda: agent.applied_version == version, what="the new allocation")
     assert pipeline.allocation == {"parse": 2, "transform": 1}
+
+
+def test_short_outages_at_random_moments_lose_nothing_and_resend_only_unacknowledged_samples(
+    control_plane, pipeline, consumer, wait_for, outage
+):
+    # Batches every 30 ms, so that some outages cut one between its storing and its answer:
+    # under load (two busy loops, load average 11), 7 of 8 runs of a drill of 10 such outages
+    # saw the stand-in count duplicates, each a correct resend.
+    host = control_plane.add_host(STAGES)
+    config = outage.config(control_plane.url, host.id, host.token)
+    config.first_seq = 1000
+    config.interval_s = 0.02
+    config.batch_seconds = 0.03
+    config.backoff_initial_s = 0.05
+    config.backoff_max_s = 0.2
+    agent = Agent(pipeline, config)
+    shipping = outage.watch(agent)
+    rng = random.Random(7)
+    with agent:
+        wait_for(lambda: agent.shipped_total >= 5, what="the first samples")
+        for _ in range(8):
+            time.sleep(rng.uniform(0.05, 0.2))
+            control_plane.stop()
+            time.sleep(0.05)
+            control_plane.start()
+        wait_for(
+            lambda: len(agent.buffer) <= 2 and agent.last_error is None,
+            timeout=30,
+            what="the agent to send what it held",
+        )
+    assert shipping.resent_acknowledged == []
+    assert host.duplicates <= shipping.resent_unacknowledged
+    assert sorted(host.samples) == list(range(1000, agent.last_seq + 1))
+    assert agent.buffer.dropped_total == 0
