@@ -28,10 +28,16 @@ READER_DIES_SKIPPING_LOOP = Case(
     "iterable", 12, "tensor", Fault("item", "exit", 4), {"batch_size": 2, "num_workers": 1}
 )
 
+AN_ITEM_THAT_CANNOT_BE_UNPICKLED = Case(
+    "map", 6, "tensor", Fault("item", "unrebuildable", 2), {"batch_size": 2, "num_workers": 2},
+    custom_collate=True,
+)  # fmt: skip
+
 
 @pytest.mark.timeout(max(120, 30 * SHORT))
 @settings(RUNS, max_examples=SHORT)
 @example(case=READER_DIES_SKIPPING_LOOP)
+@example(case=AN_ITEM_THAT_CANNOT_BE_UNPICKLED)
 @given(case=cases(max_items=16))
 def test_generated_hostile_user_code_never_hangs_and_fails_as_torch(case):
     run_case(case)
