@@ -369,10 +369,13 @@ class Pipeline:
             try:
                 payload = decode(payload)
             except Exception as exc:  # a result that cannot be rebuilt here
+                # Of the type unpickling raised: torch's loader raises it as it is, from the
+                # queue's get in the training process.
                 payload = Failure(
                     self.stage_names[-1],
                     f"cannot read the result: {type(exc).__name__}: {exc}",
                     traceback.format_exc(),
+                    error_type_name(exc),
                 )
             if isinstance(payload, Failure):
                 payload.source_seq = seq  # which source item it was (unordered stages too)

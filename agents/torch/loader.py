@@ -473,6 +473,7 @@ class _EpochIterator:
                 )
             raise StopIteration
         self._stats.waiting()
+        lost = False
         try:
             while True:
                 epoch, samples, payload = self.receiver.next(self._timeout)
@@ -480,7 +481,11 @@ class _EpochIterator:
                     continue  # what is left of an abandoned epoch is dropped
                 if isinstance(payload, EpochEnd):
                     # Several readers: the epoch ends with the last one's share.
+                    first = payload.reader not in self._readers_ended
                     self._readers_ended.add(payload.reader)
+                    if payload.error and first:
+                        lost = True  # a share cut short by a reader's death: raised once
+                        break
                     if len(self._readers_ended) < self._readers:
                         continue
                 break
@@ -498,6 +503,10 @@ class _EpochIterator:
         except BaseException:
             self._stats.taken(0)
             raise
+        if lost:
+            self._stats.taken(0)
+            stage = next(n for n in self.receiver.pipeline.stage_names if "read" in n.split("+"))
+            raise StageFailed(stage, -1, payload.error, "(the reader's replacement found it)\n")
         if isinstance(payload, EpochEnd):
             self._stats.taken(0, batch=False)
             self._finish()

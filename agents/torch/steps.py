@@ -14,12 +14,14 @@ their containers keep their exact types (named tuples, ``torch.Size``, ``Ordered
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 import torch
 
 Item = tuple[int, int, Any]
@@ -32,6 +34,9 @@ class EpochEnd:
 
     epoch: int
     reader: int = 0
+    # Why the reader's share ended early ("": it did not): the reader replaced a dead one.
+    # Carried by the end rather than raised, which the runtime may deliver after the end.
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -202,32 +207,38 @@ class Read:
         self.setup = setup
         self.readers = readers
         self.begun = begun
+        # Which reader each process is (its pid, 0: none yet): a reader that replaces a dead
+        # one takes over the dead one's share (and worker id), whatever the runtime's slot.
+        self.owners = multiprocessing.get_context("fork").Array("q", readers)
+        self._reader: int | None = None
         self._epoch: int | None = None
         self._iterator: Any = None
         self._ended = False
+        self._lost = ""
 
     def __call__(self, tick: Item) -> Item:
         """Read this reader's next item of the tick's epoch."""
         epoch = tick[0]
-        reader = _reader_slot
-        if reader >= self.readers:
+        if self._reader is None:
+            self._reader = self._claim(_reader_slot)
+        reader = self._reader
+        if reader < 0:
             raise RuntimeError(
-                f"a reader process of the IterableDataset died mid-epoch and was replaced (slot "
-                f"{reader}, past the {self.readers} readers): the new one cannot resume the "
-                "dead one's share where it was, so the epoch is incomplete; see the earlier "
-                "error of that worker, then start the epoch again"
+                f"a reader process of the IterableDataset started (slot {_reader_slot}) while "
+                f"all {self.readers} readers were alive; this is a bug of agents.torch"
             )
         self.setup.ensure(worker_id=reader)
         if epoch != self._epoch:
-            self._begin(epoch, reader)
-            # Ended until iter() returns: a dataset whose __iter__ raises gives its error once
-            # and then the end of the epoch, as a generator that raised. Before, every next
-            # tick raised again (next() on no iterator), and a loop that skips failed batches
-            # never saw the epoch end.
+            # Ended until iter() returns: a dataset whose __iter__ raises (or a reader that
+            # replaces a dead one, which _begin refuses) gives its error once and then the end
+            # of its share, as a generator that raised. Before, every next tick raised again,
+            # and a loop that skips failed batches never saw the epoch end.
             self._epoch, self._ended, self._iterator = epoch, True, None
-            self._iterator = iter(self.dataset)
-            self._ended = False
-        end = (epoch, 0, EpochEnd(epoch, reader))
+            self._lost = self._begin(epoch, reader)
+            if not self._lost:
+                self._iterator = iter(self.dataset)
+                self._ended = False
+        end = (epoch, 0, EpochEnd(epoch, reader, self._lost))
         if self._ended:
             return end
         if self.batch_size is None:
@@ -243,18 +254,50 @@ class Read:
                 return end
         return epoch, len(samples), samples
 
-    def _begin(self, epoch: int, reader: int) -> None:
+    def _claim(self, slot: int) -> int:
+        """The reader this process is: its slot's, if free, else one whose process died.
+
+        The runtime starts a dead worker's replacement in another slot (past ``readers``
+        while the dead one's is being cleared), so the slot alone does not say whose share
+        it takes over. Before, such a replacement raised on every tick and the dead reader's
+        share never ended: an endless epoch of errors (torch raises once, then ends it)."""
+        with self.owners.get_lock():
+            order = ([slot] if slot < self.readers else []) + list(range(self.readers))
+            for reader in order:
+                if not _alive(self.owners[reader]):
+                    self.owners[reader] = os.getpid()
+                    return reader
+        return -1
+
+    def _begin(self, epoch: int, reader: int) -> str:
+        """Record that ``reader`` begins ``epoch``; if another process began it already (a
+        reader that died), say why this one cannot read its share (else "")."""
         if self.begun is None:
-            return
+            return ""
         with self.begun.get_lock():
             if self.begun[reader] >= epoch:
-                raise RuntimeError(
+                # Every tick of the epoch answers this end: the runtime hands a dead worker's
+                # ticks to its replacement in any order, so an error raised on the first one
+                # it took could come after the end it gave the next (and be lost: the epoch
+                # ended short without a word).
+                return (
                     f"a reader process of the IterableDataset died mid-epoch and was replaced "
                     f"(reader {reader}, epoch {epoch}): the new one cannot resume the dead "
                     "one's share where it was, so the epoch is incomplete; see the earlier "
                     "error of that worker, then start the epoch again"
                 )
             self.begun[reader] = epoch
+            return ""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` (0: none) runs (a zombie, dead but not reaped, does not)."""
+    if pid <= 0:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def stage_names(transforms: Any, reserved: Sequence[str]) -> list[tuple[str, Callable]]:

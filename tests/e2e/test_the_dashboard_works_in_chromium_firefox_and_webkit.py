@@ -1,15 +1,27 @@
-"""The job page in the three engines people use: Chromium (Chrome, Edge), Firefox (ESR, over
+"""The dashboard in the three engines people use: Chromium (Chrome, Edge), Firefox (ESR, over
 WebDriver BiDi) and WebKit (Safari's engine: WebKitGTK through WebKitWebDriver on Xvfb), against
 one live stack (web server, Celery worker) and a simulated agent that reports and applies
 allocations. INTUNE_TEST_BROWSERS (default all three) picks the engines; tests/support/browsers.py
-drives them. Each engine runs the same tests: the page loads without errors, the charts draw and
-update live, the decisions table fills, the override form sends (and names a worker count the
-browser cannot read instead of sending it), pause and resume, the zoom across refreshes, no
-refresh while the page is hidden, and the live controls on a phone's width.
+drives them, one browser per engine for the whole module.
+
+Each engine runs the same tests: a visitor is sent to log in and then sees the job list, the job
+page loads without errors, every chart draws and updates live, the decisions table fills, an
+override typed into the form is applied by the agent and shows in the audit trail (and a worker
+count the browser cannot read is named instead of sent), pause and resume, the zoom across
+refreshes, no refresh while the page is hidden, and the live controls on a phone's width.
+
+What does not depend on the engine runs in Chromium only: starting tuning from the form, a sample
+on the page within two seconds of reaching the server, the refusal of an invalid override, the
+export of a chart's data, a viewer's page, the comparison of two hosts, fused stages, and a host of
+two ranks. Screenshots of the pages at a laptop's and a wide monitor's width go to
+test-artifacts/dashboard/.
 """
 
+import json
 import os
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +32,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 STAGES = ["read", "parse", "transform"]
 LAPTOP = (1280, 900)
+WIDE = (1920, 900)
 PHONE = (390, 844)  # an iPhone 12 to 15; WebKitGTK's window is no narrower than ~450 px
+CHARTS = ["throughput", "idle", "stages", "allocation", "cpu", "memory", "reward"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 REFRESHED_AT = "Number(document.body.dataset.refreshedAt || 0)"
 LAST_TS = (
     "(() => { const t = document.getElementById('chart-throughput').data;"
@@ -36,11 +51,62 @@ SET_HIDDEN = """((hidden) => {
 })(HIDDEN)"""
 
 
+def chromium_only(test):
+    """Runs ``test`` in Chromium alone: what it checks does not depend on the engine, or it needs
+    what only Playwright gives (downloads, a second person's browser context)."""
+    test.engines = ["chromium"]
+    return test
+
+
+def pytest_generate_tests(metafunc):
+    """Every test gets the page of each engine it runs in, in ENGINES' order, so that the tests of
+    one engine run together on one browser (a Chromium-only test shares Chromium's)."""
+    if "page" in metafunc.fixturenames:
+        selected = browsers.selected_engines()
+        engines = getattr(metafunc.function, "engines", selected)
+        engines = [e for e in browsers.ENGINES if e in engines and e in selected]
+        metafunc.parametrize("page", engines, indirect=True, scope="module")
+
+
+def protocol_sample(seq: int, ts: float, throughput: float = 900.0, stages=STAGES) -> dict:
+    """One sample in the agent protocol's format (docs/agent-protocol.md)."""
+    return {
+        "seq": seq,
+        "ts": ts,
+        "allocation_version": 1,
+        "host": {"cpus": 4.0, "cpu_percent": 50.0, "memory_used_mb": 2048.0,
+                 "memory_limit_mb": 8192.0},
+        "trainer": {"throughput": throughput, "idle_fraction": 0.25, "step_ms": 8.0,
+                    "wait_ms": 2.0, "device": "cpu"},
+        "stages": [
+            {"name": name, "workers": 1, "items_per_s": throughput, "busy_fraction": 0.5,
+             "in_queue": 1, "out_queue": 2, "queue_capacity": 8, "cpu_percent": 80.0,
+             "rss_mb": 100.0}
+            for name in stages
+        ],
+    }  # fmt: skip
+
+
+def post_samples(stack, host_id: int, token: str, samples: list[dict]) -> None:
+    with stack.client() as client:
+        answer = client.post(
+            f"/api/v1/hosts/{host_id}/metrics/",
+            json={"samples": samples},
+            headers={"Authorization": f"Agent {token}"},
+        )
+        assert answer.status_code == 200, answer.text
+
+
 @pytest.fixture(scope="module")
 def plane(live_stack):
-    """A job of one host whose simulated agent reports twice a second, with a tuning session
-    deciding every second, and an operator."""
+    """A job of two hosts: one whose simulated agent reports twice a second, with a tuning session
+    deciding every second, and one this module feeds itself, so that it knows the instant a
+    sample lands. An operator and a viewer."""
+    if ARTIFACTS.exists():
+        shutil.rmtree(ARTIFACTS)
+    ARTIFACTS.mkdir(parents=True)
     operator = live_stack.create_user("engines-operator", role="operator")
+    viewer = live_stack.create_user("engines-viewer", role="viewer")
     job_id, host_id, token = live_stack.register_job_and_host(
         operator["token"],
         {"name": "dlrm-engines", "stages": [{"name": s} for s in STAGES], "decision_interval_s": 1},
@@ -50,23 +116,49 @@ def plane(live_stack):
     agent.start()
     try:
         with live_stack.client(operator["token"]) as api:
+            fed = api.post(
+                f"/api/v1/jobs/{job_id}/hosts/",
+                json={"name": "trainer-fed", "cpus": 4, "memory_mb": 8192},
+            )
+            assert fed.status_code == 201, fed.text
             started = api.post(f"/api/v1/jobs/{job_id}/tuning/", json={})
             assert started.status_code == 201, started.text
+        fed_id, fed_token = fed.json()["id"], fed.json()["agent_token"]
+        now = time.time()
+        post_samples(
+            live_stack, fed_id, fed_token, [protocol_sample(i + 1, now - 60 + i) for i in range(60)]
+        )
         yield {
             "stack": live_stack,
+            "job": job_id,
             "host": host_id,
+            "fed_host": fed_id,
+            "fed_token": fed_token,
             "url": live_stack.url,
             "job_url": f"{live_stack.url}/jobs/{job_id}/",
             "operator": operator | {"name": "engines-operator"},
+            "viewer": viewer | {"name": "engines-viewer"},
             "agent": agent,
         }
     finally:
         agent.stop()
 
 
-@pytest.fixture(scope="module", params=browsers.selected_engines())
+def log_in(driver, plane, who: str) -> None:
+    """Log ``who`` in through the login form, from the home page that sends a visitor there."""
+    driver.goto(f"{plane['url']}/")
+    assert "/accounts/login/" in driver.evaluate("location.pathname"), (
+        f"{driver.engine}: the home page should send a visitor to the login page"
+    )
+    driver.type_into("input[name=username]", plane[who]["name"])
+    driver.type_into("input[name=password]", plane[who]["password"])
+    driver.click("button[type=submit]")
+    driver.wait_for("location.pathname === '/'", what="the job list after logging in")
+
+
+@pytest.fixture(scope="module")
 def page(request, plane):
-    """One engine's page, logged in through the login form, for all of this file's tests."""
+    """One engine's page, the operator logged in through the login form, for all of its tests."""
     engine = request.param
     missing = browsers.missing_for(engine)
     if missing:
@@ -76,28 +168,29 @@ def page(request, plane):
         pytest.skip(f"{engine} is missing: {install}, or leave it out of INTUNE_TEST_BROWSERS")
     driver = browsers.launch(engine, *LAPTOP)
     try:
-        driver.goto(f"{plane['url']}/accounts/login/")
-        driver.type_into("input[name=username]", plane["operator"]["name"])
-        driver.type_into("input[name=password]", plane["operator"]["password"])
-        driver.click("button[type=submit]")
-        driver.wait_for("location.pathname === '/'", what="the job list after logging in")
+        log_in(driver, plane, "operator")
         yield driver
     finally:
         driver.close()
 
 
-def open_job(page, plane, viewport=LAPTOP, fresh: bool = False):
-    """The job page at ``viewport``, live and visible. The page a test before left is used again
-    when it is so (a load and its first refresh take seconds in WebKit on a busy machine)."""
-    if getattr(page, "viewport", None) != viewport:
+def set_viewport(page, viewport) -> None:
+    if getattr(page, "viewport", LAPTOP) != viewport:
         page.set_viewport(*viewport)
         page.viewport = viewport
+
+
+def open_job(page, plane, viewport=LAPTOP, fresh: bool = False):
+    """The job page of the agent's host at ``viewport``, live and visible. The page a test before
+    left is used again when it is so (a load and its first refresh take seconds in WebKit on a
+    busy machine). The page names the host it shows in its address (#host-N)."""
+    set_viewport(page, viewport)
     reusable = page.evaluate(
-        f"location.href === {plane['job_url']!r} && !!window.live && !window.live.paused"
-        " && document.visibilityState === 'visible'"
+        f"location.href === {plane['job_url'] + '#host-' + str(plane['host'])!r}"
+        " && !!window.live && !window.live.paused && document.visibilityState === 'visible'"
     )
     if fresh or not reusable:
-        page.goto(plane["job_url"])
+        page.goto(plane["job_url"])  # no #host-N: a load, not a jump within the page
     page.wait_for(f"{REFRESHED_AT} > 0", what="the page's first live refresh")
 
 
@@ -115,6 +208,63 @@ def assert_no_refresh_for(page, seconds: float):
     assert page.evaluate(REFRESHED_AT) == frozen, f"{page.engine}: the page went on refreshing"
 
 
+def has_points(chart: str) -> str:
+    return (
+        f"(document.getElementById('chart-{chart}').data || []).some(t => (t.x || []).length > 0)"
+    )
+
+
+def points(page, chart: str) -> int:
+    return page.evaluate(
+        f"(document.getElementById('chart-{chart}').data || [])"
+        ".reduce((n, t) => n + ((t.x || []).length), 0)"
+    )
+
+
+# Plotly's responsive relayout has followed the window's width.
+CHARTS_FIT = (
+    "[...document.querySelectorAll('.js-plotly-plot')].every(n => !n._fullLayout"
+    " || Math.abs(n._fullLayout.width - n.getBoundingClientRect().width) <= 2)"
+)
+
+
+def shoot(page, name: str, viewports=(("laptop", LAPTOP),)) -> None:
+    """Screenshots of the page for people to look at, from Chromium, at each of ``viewports``;
+    the page is left at a laptop's width."""
+    if page.engine != "chromium":
+        return
+    for label, viewport in viewports:
+        set_viewport(page, viewport)
+        page.wait_for(CHARTS_FIT, 5, what="the charts' relayout to the window's width")
+        suffix = f"-{label}" if len(viewports) > 1 else ""
+        page.screenshot(ARTIFACTS / f"{name}{suffix}.png")
+    set_viewport(page, LAPTOP)
+
+
+BOTH_WIDTHS = (("laptop", LAPTOP), ("wide", WIDE))
+
+
+# --- in every engine ----------------------------------------------------------------------------
+def test_a_visitor_is_sent_to_log_in_and_then_sees_the_job_list(page, plane):
+    # The page fixture logged in through the form, from the home page (log_in checks the
+    # redirect); the job list is where it landed.
+    assert page.evaluate("location.pathname") == "/"
+    row = f"document.querySelector(\"tr[data-job-id='{plane['job']}']"
+    page.wait_for(
+        f"{row} [data-field=throughput]\").textContent.includes('/s')",
+        what="the job's throughput in the list",
+    )
+    # The agent's host is online (the test-fed one too, until it falls silent).
+    hosts = page.evaluate(f'{row} [data-field=hosts]").textContent')
+    assert int(hosts.split(" online")[0]) >= 1, hosts
+    page.wait_for(
+        f"Number(document.getElementById('spark-{plane['job']}').dataset.points || 0) > 0",
+        what="the job's sparkline",
+    )
+    shoot(page, "home", BOTH_WIDTHS)
+    assert page.console_errors() == []
+
+
 def test_the_job_page_loads_without_console_errors(page, plane):
     open_job(page, plane, fresh=True)
     wait_for_refreshes(page, 1)
@@ -122,19 +272,22 @@ def test_the_job_page_loads_without_console_errors(page, plane):
     assert page.console_errors() == []
 
 
-def test_the_throughput_and_idle_charts_draw_and_take_new_points_live(page, plane):
+def test_every_chart_draws_with_titles_and_the_throughput_chart_takes_new_points_live(page, plane):
     open_job(page, plane)
-    for chart in ("throughput", "idle"):
-        page.wait_for(
-            f"(document.getElementById('chart-{chart}').data || [])"
-            ".some(t => (t.x || []).length > 0)",
-            what=f"the {chart} chart's first points",
-        )
+    for chart in CHARTS:
+        page.wait_for(has_points(chart), 60, what=f"the {chart} chart's first points")
         # Plotly drew it: lines or bars in the SVG, not only data on the node.
         drawn = page.evaluate(f"document.querySelectorAll('#chart-{chart} g.trace path').length")
         assert drawn > 0, f"{page.engine}: the {chart} chart has data but nothing drawn"
+        titles = page.evaluate(
+            f"(l => [l.title.text, l.yaxis.title.text])"
+            f"(document.getElementById('chart-{chart}').layout)"
+        )
+        assert all(titles), f"chart {chart} needs a title and a y-axis title with units: {titles}"
+    assert "input-bound" in page.evaluate("document.getElementById('verdict').textContent")
     before = page.evaluate(LAST_TS)
     page.wait_for(f"{LAST_TS} > {before}", 10, what="a newer point on the throughput chart")
+    shoot(page, "job", BOTH_WIDTHS)
     assert page.console_errors() == []
 
 
@@ -155,12 +308,15 @@ def test_the_decisions_table_fills_as_the_policy_decides(page, plane):
     assert page.console_errors() == []
 
 
-def test_an_override_typed_into_the_form_is_sent_and_applied_by_the_agent(page, plane):
+def test_an_override_typed_into_the_form_is_applied_by_the_agent_and_shows_in_the_audit_trail(
+    page, plane
+):
     open_job(page, plane)
     typed = {"read": 2, "parse": 3, "transform": 2}
     for stage, workers in typed.items():
         page.type_into(f"input[data-stage={stage}]", str(workers))
     page.type_into("input[name=reason]", f"checking the form in {page.engine}")
+    page.select("select[name=expires_in]", "3600")
     page.click("#override-submit")
     message = page.wait_for(
         "(t => t.includes('Override sent') && t)"
@@ -175,6 +331,21 @@ def test_an_override_typed_into_the_form_is_sent_and_applied_by_the_agent(page, 
         what=f"allocation v{version} applied by the agent",
     )
     assert plane["agent"].workers == typed
+    assert "Override in force" in page.evaluate(
+        "document.getElementById('override-current').textContent"
+    )
+    assert page.evaluate("!document.getElementById('override-release').disabled")
+    page.wait_for(
+        "document.getElementById('audit-table').textContent.includes('override.set')",
+        what="the override in the audit trail",
+    )
+    # The allocation chart marks the override where it happened.
+    page.wait_for(
+        "document.getElementById('chart-allocation').data"
+        ".some(t => t.name === 'override by a person')",
+        what="the override's mark on the allocation chart",
+    )
+    shoot(page, "override-applied")
     page.click("#override-release")
     page.wait_for(
         "document.getElementById('override-current').textContent.includes('No override')",
@@ -261,7 +432,7 @@ def test_a_hidden_page_makes_no_refreshes_and_a_paused_one_stays_paused_when_sho
 
 
 def test_on_a_phone_the_live_controls_fit_on_the_screen_and_work(page, plane):
-    open_job(page, plane, PHONE)
+    open_job(page, plane, PHONE, fresh=True)  # laid out for a phone from the start
     width = page.evaluate("window.innerWidth")
     assert width < 720, f"{page.engine}: a {width} px wide page is not the phone layout"
     outside = page.evaluate("""(() => [...document.querySelectorAll('[data-live] select, [data-live] button, [data-live-status]')]
@@ -278,4 +449,260 @@ def test_on_a_phone_the_live_controls_fit_on_the_screen_and_work(page, plane):
     assert page.evaluate("document.querySelector('[data-live-status]').textContent") == "Paused"
     page.click("[data-live-toggle]")
     wait_for_refreshes(page, 1)
+    assert page.console_errors() == []
+
+
+# --- in Chromium --------------------------------------------------------------------------------
+@chromium_only
+def test_an_invalid_override_is_refused_with_the_reason_on_the_page(page, plane):
+    open_job(page, plane, fresh=True)  # a form no test before has touched
+    page.type_into("input[data-stage=read]", "50")
+    assert "over the budget" in page.evaluate(
+        "document.getElementById('override-total').textContent"
+    )
+    page.type_into("input[name=reason]", "trying far too many readers")
+    page.click("#override-submit")
+    message = page.wait_for(
+        "(n => n.classList.contains('error') && n.textContent)"
+        "(document.getElementById('override-message'))",
+        what="the refusal",
+    )
+    # 8 CPUs and a slot for each of the 3 stages.
+    assert "Refused" in message and "the host budget is 11 CPU slots (8 CPUs)" in message, message
+    shoot(page, "override-refused")
+    # Chromium logs the answer of 400 it was given, and nothing else.
+    unexpected = [e for e in page.console_errors() if "status of 400 (Bad Request)" not in e]
+    assert unexpected == []
+
+
+@chromium_only
+def test_a_sample_shows_on_the_page_within_two_seconds_of_reaching_the_server(page, plane):
+    set_viewport(page, LAPTOP)
+    page.goto("about:blank")  # from the job page, #host-N alone would not load the page again
+    page.goto(f"{plane['job_url']}#host-{plane['fed_host']}")
+    page.wait_for(has_points("throughput"), what="the fed host's throughput")
+    ts = time.time()
+    post_samples(
+        plane["stack"],
+        plane["fed_host"],
+        plane["fed_token"],
+        [protocol_sample(1000, ts, throughput=2500.0)],
+    )
+    landed = time.monotonic()
+    page.wait_for(f"{LAST_TS} >= {int(ts * 1000)}", 2.0, what="the sample on the page")
+    assert time.monotonic() - landed < 2.0
+    assert page.console_errors() == []
+
+
+@chromium_only
+def test_an_operator_starts_tuning_from_the_form_and_sees_the_decisions_arrive(page, plane):
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "dlrm-tuned-from-the-form", "stages": [{"name": s} for s in STAGES],
+         "decision_interval_s": 1},
+        {"name": "trainer-form", "cpus": 8, "memory_mb": 16384},
+    )  # fmt: skip
+    agent = SimulatedAgent(stack.url, host_id, token, STAGES, hz=2.0)
+    agent.start()
+    try:
+        open_job(page, plane | {"job_url": f"{stack.url}/jobs/{job_id}/", "host": host_id})
+        page.select("#tuning-form select[name=tuner]", "intune")
+        page.click("#start-tuning")
+        page.wait_for(
+            "document.getElementById('tuning-message').textContent.includes('Started')",
+            what="the session's start",
+        )
+        page.wait_for(
+            "!!document.querySelector('#decisions-table tbody tr[data-step]')"
+            " || document.getElementById('session-summary').textContent.includes('failed')",
+            60,
+            what="the first decision",
+        )
+        summary = page.evaluate("document.getElementById('session-summary').textContent")
+        if "failed" in summary:
+            pytest.fail(
+                f"the tuning session failed on the control plane, not in the dashboard: {summary}"
+            )
+        page.wait_for(
+            "document.getElementById('session-summary').textContent.includes('running')",
+            what="the session running",
+        )
+        assert points(page, "reward") >= 1
+        assert page.console_errors() == []
+    finally:
+        agent.stop()
+
+
+@chromium_only
+def test_a_chart_exports_its_data_as_csv_and_json(page, plane):
+    open_job(page, plane)
+    page.wait_for(has_points("throughput"), what="the throughput chart's points")
+    csv_text = page.download("[data-chart-id=chart-throughput][data-export=csv]").read_text()
+    header, first = csv_text.splitlines()[:2]
+    assert header == "series,time,samples/s"
+    assert first.startswith("end-to-end throughput,") and float(first.split(",")[2]) >= 0
+    exported = json.loads(page.download("[data-chart-id=chart-idle][data-export=json]").read_text())
+    assert [s["name"] for s in exported["series"]] == ["compute", "waiting for input"]
+    assert exported["y"] == "% of wall time" and len(exported["series"][0]["x"]) > 0
+    assert page.console_errors() == []
+
+
+@chromium_only
+def test_a_viewer_sees_the_charts_but_no_controls(page, plane):
+    viewer = page.another_person(*LAPTOP)  # cookies of its own
+    try:
+        log_in(viewer, plane, "viewer")
+        viewer.goto(plane["job_url"])
+        viewer.wait_for(f"{REFRESHED_AT} > 0", what="the page's first live refresh")
+        assert viewer.evaluate("document.querySelectorAll('#override-form').length") == 0
+        assert viewer.evaluate("document.querySelectorAll('#tuning-form').length") == 0
+        viewer.wait_for(has_points("throughput"), what="the throughput chart's points")
+        shoot(viewer, "job-viewer")
+        assert viewer.console_errors() == []
+    finally:
+        viewer.close()
+
+
+@chromium_only
+def test_two_hosts_compare_on_one_chart(page, plane):
+    set_viewport(page, LAPTOP)
+    page.goto(
+        f"{plane['url']}/compare/?mode=hosts&a={plane['host']}&b={plane['fed_host']}"
+        "&metric=throughput"
+    )
+    page.wait_for(
+        "(document.getElementById('chart-compare').data || [])"
+        ".filter(t => t.x.length > 0).length === 2",
+        what="both hosts on the chart",
+    )
+    names = page.evaluate("document.getElementById('chart-compare').data.map(t => t.name)")
+    assert names == ["A: dlrm-engines / trainer-engines", "B: dlrm-engines / trainer-fed"]
+    page.select("#compare-mode", "sessions")
+    page.wait_for(
+        "document.getElementById('chart-compare').layout.xaxis.title.text === 'decision step'",
+        what="the sessions' comparison",
+    )
+    shoot(page, "compare-laptop")
+    assert page.console_errors() == []
+
+
+@chromium_only
+def test_fused_stages_are_drawn_and_overridden_under_their_joined_names(page, plane):
+    fused = ["read+parse", "transform+collate", "prefetch"]
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "dlrm-fused", "stages": [{"name": s} for s in fused]},
+        {"name": "trainer-fused", "cpus": 4, "memory_mb": 8192},
+    )
+    now = time.time()
+    post_samples(
+        stack,
+        host_id,
+        token,
+        [protocol_sample(i + 1, now - 30 + i, stages=fused) for i in range(30)],
+    )
+    open_job(page, plane | {"job_url": f"{stack.url}/jobs/{job_id}/", "host": host_id})
+    page.wait_for(
+        "document.getElementById('chart-stages').data"
+        ".some(t => (t.name || '').includes('read+parse'))",
+        what="the fused stage on the stages chart",
+    )
+    page.type_into('input[data-stage="read+parse"]', "3")
+    page.type_into("input[name=reason]", "parse is the bottleneck")
+    page.click("#override-submit")
+    page.wait_for(
+        "document.getElementById('override-message').textContent.includes('Override sent')",
+        what="the override's acknowledgement",
+    )
+    with stack.client(plane["operator"]["token"]) as api:
+        state = api.get(f"/api/v1/hosts/{host_id}/").json()
+    assert state["allocation"]["workers"]["read+parse"] == 3
+    shoot(page, "fused-stages")
+    assert page.console_errors() == []
+
+
+#: Rank 1 is slower and waits longer for input; its parse stage has more workers.
+RANKS = [
+    {"rate": 700.0, "idle": 0.05, "workers": {s: 1 for s in STAGES} | {"parse": 1}},
+    {"rate": 450.0, "idle": 0.40, "workers": {s: 1 for s in STAGES} | {"parse": 3}},
+]
+
+
+def two_rank_sample(seq: int, ts: float) -> dict:
+    """One sample of a host of two ranks: its stages summed over the ranks, each rank's trainer
+    listed, its workers split unevenly as the host agent splits them by need."""
+    return {
+        "seq": seq,
+        "ts": ts,
+        "allocation_version": 1,
+        "host": {"cpus": 2.0, "cpu_percent": 70.0, "memory_used_mb": 2048.0,
+                 "memory_limit_mb": 8192.0, "worker_budget": 12, "ranks": 2},
+        "trainer": {"throughput": sum(r["rate"] for r in RANKS), "idle_fraction": 0.2,
+                    "step_ms": 8.0, "wait_ms": 2.0, "device": "cpu"},
+        "stages": [
+            {"name": name, "workers": sum(r["workers"][name] for r in RANKS),
+             "items_per_s": 1150.0, "busy_fraction": 0.5, "cpu_percent": 60.0,
+             "runqueue_percent": 5.0, "rss_mb": 100.0}
+            for name in STAGES
+        ],
+        "ranks": [
+            {"rank": rank, "throughput": r["rate"], "idle_fraction": r["idle"], "step_ms": 8.0,
+             "wait_ms": 2.0 + rank, "workers": r["workers"]}
+            for rank, r in enumerate(RANKS)
+        ],
+    }  # fmt: skip
+
+
+@chromium_only
+def test_a_host_with_two_ranks_shows_each_rank_and_highlights_the_slowest(page, plane):
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "ddp-dashboard", "stages": [{"name": s} for s in STAGES], "tuner": "intune"},
+        {"name": "ddp-host", "cpus": 2, "memory_mb": 8192, "ranks": 2},
+    )
+    now = time.time()
+    post_samples(stack, host_id, token, [two_rank_sample(i + 1, now - 30 + i) for i in range(30)])
+    with stack.client(plane["operator"]["token"]) as api:
+        answer = api.get(f"/api/v1/hosts/{host_id}/metrics/", params={"since": now - 60})
+    assert answer.status_code == 200, answer.text
+    metrics = answer.json()
+    assert metrics["slowest_rank"] == 1
+    assert metrics["rank_workers"]["1"]["parse"] == 3
+
+    open_job(page, plane | {"job_url": f"{stack.url}/jobs/{job_id}/", "host": host_id})
+    page.wait_for(
+        "!!document.querySelector('#table-ranks tbody tr.slowest')", what="the slowest rank's row"
+    )
+    visible = page.evaluate(
+        "(n => { const r = n.getBoundingClientRect();"
+        " return r.width > 0 && r.height > 0 && getComputedStyle(n).visibility !== 'hidden'; })"
+        "(document.querySelector('[data-chart=\"ranks\"]'))"
+    )
+    assert visible, "the per-rank card shows on a host of two ranks"
+    # The chart draws one line per rank, the slowest named and thicker.
+    names = page.evaluate(
+        "document.getElementById('chart-ranks').data.map(t => [t.name, t.line.width])"
+    )
+    assert names == [["rank 0", 1.5], ["rank 1 (slowest)", 3]], names
+    assert page.evaluate("document.querySelectorAll('#table-ranks tbody tr').length") == 2
+    slowest = "document.querySelectorAll('#table-ranks tbody tr.slowest')"
+    assert page.evaluate(f"{slowest}.length") == 1
+    assert page.evaluate(f"{slowest}[0].dataset.rank") == "1"
+    text = page.evaluate(f"{slowest}[0].innerText").lower()  # the header cells are in capitals
+    assert "slowest" in text and "450" in text and "40.0 %" in text, text
+    assert "parse 3" in text, text
+    fast_row = "document.querySelector(\"#table-ranks tbody tr[data-rank='0']\")"
+    fast = page.evaluate(f"{fast_row}.innerText")
+    assert "700" in fast and "5.0 %" in fast and "parse 1" in fast, fast
+    # The highlight is visible, not only a class name.
+    colour = page.evaluate(f"getComputedStyle({slowest}[0]).backgroundColor")
+    plain = page.evaluate(f"getComputedStyle({fast_row}).backgroundColor")
+    assert colour != plain, (colour, plain)
+    assert "Rank 1 is the slowest" in page.evaluate(
+        "document.getElementById('note-ranks').innerText"
+    )
+    shoot(page, "ranks-laptop")
     assert page.console_errors() == []

@@ -102,6 +102,19 @@ class Driver:
         """Click the element ``selector`` with the pointer."""
         raise NotImplementedError
 
+    def select(self, selector: str, value: str) -> None:
+        """Choose the option of ``value`` in the list ``selector``, as Playwright's select_option
+        does: the value is set and the input and change events sent (classic WebDriver and BiDi
+        have no command for it)."""
+        chosen = self.evaluate(
+            f"((list, value) => {{ if (![...list.options].some(o => o.value === value)) return false;"
+            " list.value = value; list.dispatchEvent(new Event('input', {bubbles: true}));"
+            " list.dispatchEvent(new Event('change', {bubbles: true})); return true; })"
+            f"(document.querySelector({json.dumps(selector)}), {json.dumps(value)})"
+        )
+        if not chosen:
+            raise BrowserError(f"{self.engine}: {selector} has no option {value!r}")
+
     def set_viewport(self, width: int, height: int) -> None:
         """Make the page's viewport ``width`` x ``height`` CSS pixels."""
         raise NotImplementedError
@@ -115,7 +128,9 @@ class Driver:
         raise NotImplementedError
 
     def wait_for(self, expression: str, timeout: float = 20, what: str = "") -> object:
-        """Wait until ``expression`` is truthy in the page, ``timeout`` seconds at most; its value."""
+        """Wait until ``expression`` is truthy in the page, ``timeout`` seconds at most; its value.
+        The value comes back through JSON: an element reads as ``{}``, which is false here, so
+        ``!!`` turns one into a boolean."""
         deadline = time.monotonic() + timeout
         while True:
             value = self.evaluate(expression)
@@ -136,21 +151,30 @@ class Driver:
 
 # --- Chromium: Playwright -------------------------------------------------------------------------
 class ChromiumDriver(Driver):
+    """Chromium through Playwright. Beyond :class:`Driver`, what only this one is asked for:
+    screenshots, downloads, and a second person's page in the same browser."""
+
     engine = "chromium"
 
-    def __init__(self, width: int = 1280, height: int = 900):
-        from playwright.sync_api import sync_playwright
+    def __init__(self, width: int = 1280, height: int = 900, *, _browser=None):
+        self._playwright = None
+        if _browser is None:
+            from playwright.sync_api import sync_playwright
 
-        self._playwright = sync_playwright().start()
+            self._playwright = sync_playwright().start()
         try:
-            self._browser = self._playwright.chromium.launch(
+            self._browser = _browser or self._playwright.chromium.launch(
                 executable_path=CHROMIUM,
                 args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"],
                 timeout=START_TIMEOUT_S * 1000,
             )
-            self._page = self._browser.new_page(viewport={"width": width, "height": height})
+            self._context = self._browser.new_context(
+                viewport={"width": width, "height": height}, accept_downloads=True
+            )
+            self._page = self._context.new_page()
         except Exception:
-            self._playwright.stop()
+            if self._playwright is not None:
+                self._playwright.stop()
             raise
         self._page.set_default_timeout(COMMAND_TIMEOUT_S * 1000)
         self._errors: list[str] = []
@@ -158,6 +182,11 @@ class ChromiumDriver(Driver):
         self._page.on(
             "console", lambda m: self._errors.append(m.text) if m.type == "error" else None
         )
+
+    def another_person(self, width: int = 1280, height: int = 900) -> "ChromiumDriver":
+        """A page with cookies of its own (a new browser context) in the same browser, for a
+        second person; its ``close()`` closes that context only."""
+        return ChromiumDriver(width, height, _browser=self._browser)
 
     def goto(self, url):
         self._errors.clear()
@@ -174,17 +203,34 @@ class ChromiumDriver(Driver):
     def click(self, selector):
         self._page.click(selector)
 
+    def select(self, selector, value):
+        self._page.select_option(selector, value)
+
     def set_viewport(self, width, height):
         self._page.set_viewport_size({"width": width, "height": height})
 
     def console_errors(self):
         return list(self._errors)
 
+    def screenshot(self, path: Path) -> None:
+        """Save the whole page, not only the viewport, as a PNG at ``path``."""
+        self._page.screenshot(path=str(path), full_page=True)
+
+    def download(self, selector: str) -> Path:
+        """Click ``selector`` and wait for the download it starts; the downloaded file."""
+        with self._page.expect_download() as download:
+            self._page.click(selector)
+        return Path(download.value.path())
+
     def close(self):
         try:
-            self._browser.close()
+            self._context.close()
         finally:
-            self._playwright.stop()
+            if self._playwright is not None:
+                try:
+                    self._browser.close()
+                finally:
+                    self._playwright.stop()
 
 
 # --- Firefox: WebDriver BiDi over a websocket -----------------------------------------------------

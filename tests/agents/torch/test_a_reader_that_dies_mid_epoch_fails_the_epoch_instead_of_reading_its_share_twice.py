@@ -42,3 +42,37 @@ def test_a_reader_killed_mid_epoch_fails_the_epoch_and_no_row_comes_twice():
         assert len(seen) == len(set(seen)), "a row came twice"
     finally:
         loader.close()
+
+
+class ShardsOneReaderDiesIn(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info()
+        for row in range(info.id, 40, info.num_workers):
+            if row == 4 * info.num_workers:
+                os._exit(4)  # reader 0, a third of the way through its share
+            yield torch.tensor([row])
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_loop_that_skips_failed_batches_after_a_reader_died_ends_its_epoch(workers):
+    # The dead reader's replacement starts in another slot of the runtime; it raised on every
+    # tick for ever (an endless epoch of errors); now once, then its share ends, as torch's.
+    loader = DataLoader(ShardsOneReaderDiesIn(), batch_size=2, num_workers=workers, timeout=30)
+    rows, errors = [], []
+    try:
+        iterator = iter(loader)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                rows += next(iterator)[:, 0].tolist()
+            except StopIteration:
+                break
+            except RuntimeError as exc:
+                errors.append(exc)
+        else:
+            pytest.fail(f"the epoch never ended: {len(rows)} rows, {len(errors)} errors")
+    finally:
+        loader.close()
+    assert len(errors) == 1 and "died mid-epoch" in str(errors[0])
+    assert len(rows) == len(set(rows)), "a row came twice"
+    assert {r for r in range(40) if r % workers != 0} <= set(rows)  # the others' shares
