@@ -251,7 +251,7 @@ class Pipeline:
 
         def serve(request: dict[str, Any], items_fd: int, results_fd: int) -> None:
             pool = self._all_pools[request["stage_index"]]
-            serve_process(pool.spec(request["slot"], request["affinity"]), items_fd, results_fd)
+            serve_process(pool.spec(request["slot"]), items_fd, results_fd)
 
         zygote = Zygote(serve, [pool.statuses for pool in self._all_pools], self._prefix)
         self._zygote = zygote

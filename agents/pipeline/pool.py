@@ -181,7 +181,7 @@ class StagePool:
         """The worker count the stage runs at (retiring workers not included)."""
         return len(self.active)
 
-    def spec(self, slot: int, affinity: list[int] | None) -> WorkerSpec:
+    def spec(self, slot: int) -> WorkerSpec:
         """What the worker in ``slot`` runs with."""
         in_process = self.stage.kind == "process"
         return WorkerSpec(
@@ -191,7 +191,6 @@ class StagePool:
             slot=slot,
             pack_prefix=self.pack_prefix if in_process and self.stage.shared_memory else None,
             shm_min_bytes=self.stage.shm_min_bytes,
-            cpu_affinity=affinity,
             keep_heap=self.keep_heap,
             init=self.stage.init,
             part_seconds=self.part_seconds,
@@ -249,7 +248,7 @@ class StagePool:
         if self.stage.kind == "process":
             self._start_process(worker)
         else:
-            spec = self.spec(slot, self.affinity)
+            spec = self.spec(slot)
             worker.thread = threading.Thread(
                 target=serve_thread,
                 args=(spec, self.inbox, self.outbox, lambda: self._leaving(worker)),

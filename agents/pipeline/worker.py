@@ -17,7 +17,6 @@ shared array the pipeline reads for metrics.
 
 from __future__ import annotations
 
-import os
 import pickle
 import queue
 import signal
@@ -109,7 +108,6 @@ class WorkerSpec:
     slot: int
     pack_prefix: str | None  # shared-memory prefix, or None to send results by pickle
     shm_min_bytes: int
-    cpu_affinity: list[int] | None
     keep_heap: bool = True  # see agents.pipeline.heap
     init: Callable[[int], Any] | None = None  # the stage's per-worker setup, given the slot
     # A fused stage's per-function seconds, ``parts`` per slot (agents.pipeline.fusion.Chain)
@@ -245,7 +243,8 @@ def ignore_group_signals() -> None:
 
 
 def _settle_process(spec: WorkerSpec) -> None:
-    """Prepare a freshly forked worker process: signals, threads, heap and CPUs."""
+    """Prepare a freshly forked worker process: signals, threads and heap (its launcher has
+    pinned its CPUs, agents/pipeline/zygote.py)."""
     ignore_group_signals()
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -253,11 +252,6 @@ def _settle_process(spec: WorkerSpec) -> None:
         torch.set_num_threads(1)
     if spec.keep_heap:
         heap.keep_freed_memory()
-    if spec.cpu_affinity:
-        try:
-            os.sched_setaffinity(0, spec.cpu_affinity)
-        except (AttributeError, OSError):
-            pass
 
 
 # ----------------------------------------------------------------------------- threads

@@ -272,6 +272,14 @@ def _fork_worker(
             os._exit(code)
     for fd in fds:
         os.close(fd)
+    if request.get("affinity"):
+        # Pinned here, before the pipeline learns the pid, never by the worker itself: a pin
+        # the pipeline sets once it knows the pid (a re-plan at apply()) then always comes
+        # later, where a worker pinning itself as it starts could undo a re-plan made meanwhile.
+        try:
+            os.sched_setaffinity(pid, request["affinity"])
+        except (AttributeError, OSError):
+            pass  # the platform cannot pin, or the CPUs are not ours
     return pid
 
 
