@@ -1,7 +1,7 @@
 """The dashboard in the three engines people use: Chromium (Chrome, Edge), Firefox (ESR, over
 WebDriver BiDi) and WebKit (Safari's engine: WebKitGTK through WebKitWebDriver on Xvfb), against
 one live stack (web server, Celery worker) and a simulated agent that reports and applies
-allocations. INTUNE_TEST_BROWSERS (default all three) picks the engines; tests/support/browsers.py
+allocations. INTUNE_TEST_BROWSERS (default all three) picks the engines; tests/support/browsers/
 drives them, one browser per engine for the whole module.
 
 Each engine runs the same tests: a visitor is sent to log in and then sees the job list, the job
