@@ -535,6 +535,9 @@ def test_an_operator_starts_tuning_from_the_form_and_sees_the_decisions_arrive(p
         assert points(page, "reward") >= 1
         assert page.console_errors() == []
     finally:
+        # The worker would go on deciding every second for the module's other tests.
+        with stack.client(plane["operator"]["token"]) as api:
+            api.delete(f"/api/v1/jobs/{job_id}/tuning/")
         agent.stop()
 
 
