@@ -163,6 +163,18 @@ from webapp import celery_app
 celery_app.loader.import_default_modules()
 import tuner
 tuner.TUNER_NAMES, tuner.DEFAULT_POLICY, tuner.Observation
+# A job's tuner and options are checked as the API checks them (its validate(), without the
+# database): the options a tuner takes, and those it refuses.
+from rest_framework.exceptions import ValidationError
+from webapp.jobs.api.serializers import JobSerializer
+job = {"stages": [{"name": "read"}, {"name": "parse"}], "tuner": "intune",
+       "tuning_options": {"online_epsilon": 0.1}}
+JobSerializer().validate(job)
+try:
+    JobSerializer().validate({**job, "tuner": "lp"})
+    raise AssertionError("lp took online_epsilon")
+except ValidationError as exc:
+    assert "takes no options" in str(exc.detail), exc.detail
 before_worker = sorted(m for m in sys.modules if m == "torch" or m.startswith("tuner"))
 from celery.signals import worker_init
 worker_init.send(sender=None)
@@ -172,7 +184,8 @@ print(json.dumps([before_worker, "torch" in sys.modules]))
 
 def test_a_web_process_and_a_command_start_without_importing_torch_and_a_worker_with_it():
     """torch is a second and a half of CPU to import on the CI's cores; only a tuning step needs
-    it (tuner.make_tuner, dumps, loads import it on first use), not a web process's start. A
+    it (tuner.make_tuner, dumps, loads import it on first use), not a web process's start nor
+    the check of a job it is sent (it made the tuner, loading torch and the shipped policy). A
     Celery worker imports it as it starts, so that no tuning step imports it mid-transaction."""
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="webapp.settings")
     done = subprocess.run(

@@ -8,7 +8,7 @@ test suite starts some 25 web servers). A Celery worker imports it as it starts
 (webapp/celery.py): a tuning step must not pay it inside its transaction.
 """
 
-from tuner.names import DEFAULT_POLICY, TUNER_NAMES
+from tuner.names import DEFAULT_POLICY, TUNER_NAMES, check_tuner
 from tuner.observation import Decision, HostObservation, Observation, StageObservation
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Observation",
     "StageObservation",
     "Tuner",
+    "check_tuner",
     "dumps",
     "finetune",
     "fit_scenario",

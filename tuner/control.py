@@ -20,7 +20,7 @@ from tuner.baselines import HillClimbTuner, LinearProgramTuner, RandomTuner, Sta
 from tuner.finetuning import finetune
 from tuner.fit import fit_scenario
 from tuner.intune import IntuneConfig, IntuneTuner
-from tuner.names import DEFAULT_POLICY, TUNER_NAMES
+from tuner.names import DEFAULT_POLICY, TUNER_NAMES, check_tuner
 from tuner.observation import Decision, HostObservation, Observation, StageObservation
 from tuner.prior import PriorTuner
 
@@ -88,17 +88,11 @@ def make_tuner(name: str, stage_names: list[str], seed: int = 0, **options) -> T
     an option (e.g. ``online_epsilon=0.05``). ``prior`` is intune's model-based part alone
     (:mod:`tuner.prior`), with intune's default hyperparameters. Baselines take no options.
     """
-    if not 1 <= len(stage_names) <= 16:
-        raise ValueError(f"a pipeline has 1 to 16 stages; got {len(stage_names)}")
+    check_tuner(name, stage_names, options)
     if name == "intune":
         policy_path = options.pop("policy", DEFAULT_POLICY)
         policy = load_policy(policy_path) if policy_path is not None else None
         config_fields = {f.name for f in fields(IntuneConfig)}
-        unknown = set(options) - config_fields
-        if unknown:
-            raise ValueError(
-                f"unknown intune options {sorted(unknown)}; use IntuneConfig fields or 'policy'"
-            )
         base = dict(policy["config"]) if policy else {}
         base.update(options)
         config = IntuneConfig(**{k: v for k, v in base.items() if k in config_fields})
@@ -106,11 +100,7 @@ def make_tuner(name: str, stage_names: list[str], seed: int = 0, **options) -> T
         if policy:
             tuner.load_policy(policy)
         return tuner
-    if name in _BASELINES:
-        if options:
-            raise ValueError(f"tuner '{name}' takes no options; got {sorted(options)}")
-        return _BASELINES[name](stage_names, seed=seed)
-    raise ValueError(f"unknown tuner '{name}'; choose one of {', '.join(TUNER_NAMES)}")
+    return _BASELINES[name](stage_names, seed=seed)
 
 
 def dumps(tuner: Tuner) -> bytes:

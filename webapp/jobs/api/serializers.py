@@ -128,8 +128,8 @@ class JobSerializer(StrictModelSerializer):
         stages = [s["name"] for s in attrs["stages"]] if "stages" in attrs else job.stage_names
         tuner_options = {k: v for k, v in options.items() if k not in CONTROL_PLANE_OPTIONS}
         try:
-            tuner_lib.make_tuner(tuner_name, stages, **tuner_options)
-        except Exception as exc:  # whatever the tuner refuses, a session would fail on it later
+            tuner_lib.check_tuner(tuner_name, stages, tuner_options)
+        except ValueError as exc:  # what make_tuner refuses, a session would fail on later
             raise serializers.ValidationError(
                 {"tuning_options": f"the {tuner_name} tuner cannot be made with these: {exc}"}
             ) from exc
