@@ -18,13 +18,6 @@ AGENT_PATHS = r"^/api/v1/hosts/\{host_id\}/(metrics|allocation)/$"
 SHORT_POLLS = {"INTUNE_LONG_POLL_MAX_WAIT_S": "2"}
 
 
-@pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory, redis_url):
-    """A stack of its own: the stateful phase deletes the jobs and hosts it finds."""
-    with live_plane(tmp_path_factory.mktemp("fuzzed"), SHORT_POLLS) as plane:
-        yield plane
-
-
 def run_all(plane, workdir, max_examples: int, seed: int) -> list[dict]:
     url = plane.stack.url
     common = {"schema_token": plane.viewer, "max_examples": max_examples, "seed": seed}
@@ -58,20 +51,24 @@ def assert_clean(runs: list[dict]) -> None:
     print({run["name"]: f"{run['cases']} cases on {run['operations']} operations" for run in runs})
 
 
-def test_the_api_survives_a_few_hundred_fuzzed_requests(fuzzed, tmp_path):
-    assert_clean(run_all(fuzzed, tmp_path, max_examples=8, seed=11))
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory, redis_url):
+    """One stack for the module's runs, each of which leaves it answering as before: the
+    coverage phase first (it deletes nothing the others use), then the stateful fuzzing, which
+    deletes the jobs and hosts it finds."""
+    with live_plane(tmp_path_factory.mktemp("fuzzed"), SHORT_POLLS) as plane:
+        yield plane
 
 
 @pytest.fixture(scope="module")
-def covered(tmp_path_factory, redis_url):
-    """A stack of its own, with a job without hosts (id, job_id) for the operations on one."""
-    with live_plane(tmp_path_factory.mktemp("covered"), SHORT_POLLS) as plane:
-        with plane.stack.client(plane.operator) as api:
-            job_id = api.get(f"/api/v1/hosts/{plane.host_id}/").json()["job"]
-            hostless = api.post(
-                "/api/v1/jobs/", json={"name": "hostless", "stages": [{"name": "read"}]}
-            ).json()["id"]
-        yield plane, {"id": hostless, "job_id": job_id, "host_id": plane.host_id}
+def covered(plane):
+    """The stack with a job without hosts (id, job_id) for the operations on one."""
+    with plane.stack.client(plane.operator) as api:
+        job_id = api.get(f"/api/v1/hosts/{plane.host_id}/").json()["job"]
+        hostless = api.post(
+            "/api/v1/jobs/", json={"name": "hostless", "stages": [{"name": "read"}]}
+        ).json()["id"]
+    return plane, {"id": hostless, "job_id": job_id, "host_id": plane.host_id}
 
 
 def test_the_coverage_phase_finds_no_error_and_a_schema_as_strict_as_the_validation(
@@ -108,6 +105,10 @@ def test_the_coverage_phase_finds_no_error_and_a_schema_as_strict_as_the_validat
     assert all(run["phases"]["coverage"] == "success" for run in runs), runs
 
 
+def test_the_api_survives_a_few_hundred_fuzzed_requests(plane, tmp_path):
+    assert_clean(run_all(plane, tmp_path, max_examples=8, seed=11))
+
+
 @pytest.mark.soak
-def test_the_api_survives_thousands_of_fuzzed_requests(fuzzed, tmp_path):
-    assert_clean(run_all(fuzzed, tmp_path, max_examples=100, seed=12))
+def test_the_api_survives_thousands_of_fuzzed_requests(plane, tmp_path):
+    assert_clean(run_all(plane, tmp_path, max_examples=100, seed=12))

@@ -26,7 +26,7 @@ RUNS = settings(
     print_blob=True,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
-SHORT = int(os.environ.get("INTUNE_LOADER_CASES", "10"))
+SHORT = int(os.environ.get("INTUNE_LOADER_CASES", "6"))
 
 
 # A longer run through INTUNE_LOADER_CASES gets a longer bound than pytest-timeout's 300 s.
