@@ -71,6 +71,9 @@ class DataLoader(torch.utils.data.DataLoader):
       batch transform is a lever of its own. ``None`` makes every step a stage (worth it for
       samples of a few large arrays); or name groups, e.g. ``"fetch+decode,augment+collate"``.
     - ``max_workers``: the most workers a stage may get (default 128).
+    - ``multiprocessing_context`` is checked as torch checks it, and otherwise not used:
+      workers fork from a launcher process that runs no thread (``agents.pipeline.zygote``),
+      also for ``"spawn"`` and ``"forkserver"``; the dataset need not pickle.
     - Batches always come in the sampler's order (``in_order=False`` is accepted, and
       ignored). One iteration runs at a time: ``iter()`` ends the previous one.
     - ``persistent_workers``: one pipeline serves every epoch; otherwise each epoch starts
@@ -144,8 +147,12 @@ class DataLoader(torch.utils.data.DataLoader):
         self._batch_transforms = stage_names(batch_transforms, taken)
         self._fuse = fuse
         self._max_workers = max_workers
+        # Accepted as torch accepts it, whatever it names: the workers fork from the pipeline's
+        # launcher, a process forked when the epoch starts that runs no thread and never
+        # touches CUDA, which is what "spawn" and "forkserver" are chosen for. Refused (a
+        # ValueError here), a training script written for them could not change one import.
         self._start_method = _start_method(multiprocessing_context)
-        context = multiprocessing.get_context(self._start_method)
+        context = multiprocessing.get_context("fork")
         self._worker_counter = context.Value("i", 0)
         # In flight per queue: as many batches as torch keeps outstanding over all workers.
         self._queue_size = max(2, (prefetch_factor or 2) * max(1, num_workers))
@@ -225,7 +232,7 @@ class DataLoader(torch.utils.data.DataLoader):
             queue_size=self._queue_size,
             name="dataloader",
             samples_per_item=self.batch_size or 1,
-            start_method=self._start_method,
+            start_method="fork",
         )
         pipeline.apply(self._allocation)  # an unstarted pipeline only records it
         return pipeline

@@ -318,7 +318,9 @@ def cases(draw, max_items: int = 24) -> Case:
     if workers > 0:
         options["persistent_workers"] = draw(st.booleans())
         options["prefetch_factor"] = draw(st.sampled_from([None, 1, 3]))
-        options["multiprocessing_context"] = draw(st.sampled_from([None, "fork"]))
+        options["multiprocessing_context"] = draw(
+            st.sampled_from([None, "fork", "spawn", "forkserver"])
+        )
         options["timeout"] = draw(st.sampled_from([0, 20]))
     # Ours only: every step a stage of its own (samples cross a process between them).
     options["fuse"] = draw(st.sampled_from(["auto", None]))
