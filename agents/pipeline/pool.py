@@ -57,6 +57,9 @@ _READ_CHUNK = 1 << 20
 
 # Items a process worker holds at once: the one it works on and the next, already in its pipe.
 DEPTH = 2
+# Deaths in a row (times max_item_retries + 1) after which a stage's workers are taken to die
+# whatever they get, and an item whose worker died is no longer tried again.
+BROKEN_AFTER_DEATHS = 2
 
 
 @dataclass(eq=False)
@@ -173,6 +176,9 @@ class StagePool:
         self.affinity: list[int] | None = list(stage.cpu_affinity) if stage.cpu_affinity else None
         self.deaths: dict[int, int] = {}  # seq -> workers that died on it
         self.died = 0  # process workers lost to a crash or a kill, over the pipeline's life
+        # Workers that died since the stage last answered an item: past BROKEN_AFTER_DEATHS
+        # of them, an item is not tried again on the next one (see _recover).
+        self.deaths_in_a_row = 0
         self._worker_seconds = 0.0
         self._counted_at = time.monotonic()
 
@@ -382,6 +388,7 @@ class StagePool:
                             break
                     worker.cv.notify_all()
                 self.deaths.pop(seq, None)
+                self.deaths_in_a_row = 0
                 if not stopping and not self.outbox.put((seq, Encoded(body))):
                     # The pipeline is stopping: drop the answers, but keep reading, so that
                     # the worker is never stuck sending one and leaves at once.
@@ -446,7 +453,29 @@ class StagePool:
     def _recover(self, worker: WorkerHandle, lost: list[tuple[int, Any]]) -> None:
         """A process worker died: say how, and give what it held to the other workers."""
         self.died += 1
+        self.deaths_in_a_row += 1
         how = self._how_it_ended(worker)
+        if lost and self.deaths_in_a_row > BROKEN_AFTER_DEATHS * (self.max_item_retries + 1):
+            # Every worker dies before it answers anything (a worker_init_fn that exits, a
+            # library that crashes on import): retrying each item on max_item_retries more
+            # workers cost 3 deaths per item, 0.5 to 3.5 s per batch on 2 busy cores (200
+            # batches of a loop that skips failed ones: 50 s). Now each death fails what the
+            # worker held; the first answer of the stage ends this.
+            log.error(
+                "stage '%s': %d workers died in a row without answering (the last %s); "
+                "%d item(s) it held fail without a retry",
+                self.stage.name, self.deaths_in_a_row, how, len(lost),
+            )  # fmt: skip
+            for seq, _ in lost:
+                self.deaths.pop(seq, None)
+                failure = Failure(
+                    self.stage.name,
+                    f"WorkerDied: {self.deaths_in_a_row} workers of this stage died in a row "
+                    f"without answering an item (the last {how})",
+                    "",
+                )
+                self.outbox.put((seq, failure))
+            return
         if lost:
             seq, _ = lost[0]  # the item it was working on
             self.deaths[seq] = self.deaths.get(seq, 0) + 1

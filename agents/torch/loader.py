@@ -23,6 +23,7 @@ import bisect
 import itertools
 import multiprocessing
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -70,6 +71,9 @@ class DataLoader(torch.utils.data.DataLoader):
       batch transform is a lever of its own. ``None`` makes every step a stage (worth it for
       samples of a few large arrays); or name groups, e.g. ``"fetch+decode,augment+collate"``.
     - ``max_workers``: the most workers a stage may get (default 128).
+    - ``multiprocessing_context`` is checked as torch checks it, and otherwise not used:
+      workers fork from a launcher process that runs no thread (``agents.pipeline.zygote``),
+      also for ``"spawn"`` and ``"forkserver"``; the dataset need not pickle.
     - Batches always come in the sampler's order (``in_order=False`` is accepted, and
       ignored). One iteration runs at a time: ``iter()`` ends the previous one.
     - ``persistent_workers``: one pipeline serves every epoch; otherwise each epoch starts
@@ -143,8 +147,12 @@ class DataLoader(torch.utils.data.DataLoader):
         self._batch_transforms = stage_names(batch_transforms, taken)
         self._fuse = fuse
         self._max_workers = max_workers
+        # Accepted as torch accepts it, whatever it names: the workers fork from the pipeline's
+        # launcher, a process forked when the epoch starts that runs no thread and never
+        # touches CUDA, which is what "spawn" and "forkserver" are chosen for. Refused (a
+        # ValueError here), a training script written for them could not change one import.
         self._start_method = _start_method(multiprocessing_context)
-        context = multiprocessing.get_context(self._start_method)
+        context = multiprocessing.get_context("fork")
         self._worker_counter = context.Value("i", 0)
         # In flight per queue: as many batches as torch keeps outstanding over all workers.
         self._queue_size = max(2, (prefetch_factor or 2) * max(1, num_workers))
@@ -224,7 +232,7 @@ class DataLoader(torch.utils.data.DataLoader):
             queue_size=self._queue_size,
             name="dataloader",
             samples_per_item=self.batch_size or 1,
-            start_method=self._start_method,
+            start_method="fork",
         )
         pipeline.apply(self._allocation)  # an unstarted pipeline only records it
         return pipeline
@@ -329,8 +337,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
         return items()
 
-    def _epoch_finished(self, iterator: _EpochIterator) -> None:
-        """The consumer reached the end of an epoch (or left it): free its workers."""
+    def _epoch_finished(self, iterator: _EpochIterator, collected: bool = False) -> None:
+        """The consumer reached the end of an epoch (or left it): free its workers
+        (``collected``: the iterator is being garbage-collected; see ``_stop_soon``)."""
         with self._lock:
             current = self._epoch_iterator
             if current is iterator or current is None:  # None: it is being collected
@@ -345,7 +354,10 @@ class DataLoader(torch.utils.data.DataLoader):
             # The next epoch's pipeline, unstarted: the agent keeps a handle meanwhile.
             self._pipeline = self._build_pipeline(self._base_seed or 0)
             self._receiver = None
-        receiver.stop()
+        if collected:
+            _stop_soon(receiver)
+        else:
+            receiver.stop()
 
     def close(self) -> None:
         """Stop the workers now (persistent ones included); the loader can iterate again."""
@@ -369,7 +381,7 @@ class DataLoader(torch.utils.data.DataLoader):
             if self._plans is not None:
                 self._plans.close()
             if self._receiver is not None:
-                self._receiver.stop()
+                _stop_soon(self._receiver)
         except Exception:
             pass
 
@@ -523,12 +535,12 @@ class _EpochIterator:
         self._stats.taken(samples)
         return payload
 
-    def _finish(self) -> None:
+    def _finish(self, collected: bool = False) -> None:
         # Ctrl-C held: cut between the two, the epoch read as ended and its workers ran on.
         with deferred():
             if not self._done:
                 self._done = True
-                self.loader._epoch_finished(self)
+                self.loader._epoch_finished(self, collected)
 
     def close(self, superseded: bool = False) -> None:
         """End this epoch early (its remaining batches are dropped); ``superseded``: by a
@@ -539,9 +551,28 @@ class _EpochIterator:
 
     def __del__(self) -> None:
         try:
-            self._finish()
+            self._finish(collected=True)
         except Exception:
             pass
+
+
+def _stop_soon(receiver: _Receiver) -> None:
+    """Stop a pipeline from a garbage collection, in a thread of its own.
+
+    A collection runs wherever an allocation triggers it: a loader left in a reference cycle
+    (a loop ended by an exception) was collected inside the next loader's ``Pipeline.start()``
+    and stopped its pipeline there, 1 to 2 s of waits in the middle of the other's start (its
+    lock held), whose workers were then SIGKILLed under it: its epoch waited for ever (with
+    ``timeout=20``, "timed out" after 20 s; 1 in 3 runs of 8 loaders of which every other
+    one raised).
+
+    At the interpreter's exit (the traceback of a Ctrl-C holds the iterator until then) it
+    stops in place: no thread runs once the interpreter finalizes, and ``start()`` waited
+    for one for ever. The pipelines were stopped by then (``atexit``): it returns at once."""
+    if sys.is_finalizing() or receiver.pipeline._stopped:
+        receiver.stop()
+        return
+    threading.Thread(target=receiver.stop, name="intune-loader-stop", daemon=True).start()
 
 
 class _Receiver:

@@ -140,6 +140,16 @@ def make_item(i: int, kind: str):
         return Point(i, i / 2)  # default_collate refuses it: a TypeError per batch
     if kind == "nested":
         return {"a": (torch.tensor(i), [np.float32(i), {"s": f"{i}"}]), "b": i}
+    if kind == "complex":
+        return torch.ones(2, dtype=torch.complex64) * i
+    if kind == "bfloat16":
+        return torch.ones(2, dtype=torch.bfloat16) * i
+    if kind == "view":  # a strided view of a larger tensor
+        return torch.arange(12.0).reshape(3, 4).t()[i % 4]
+    if kind == "bigint":
+        return 2**70 + i  # default_collate: ValueError (no int64 holds it)
+    if kind == "none":
+        return None  # default_collate: TypeError
     if kind == "huge":
         return torch.full((HUGE,), float(i))
     raise AssertionError(kind)
@@ -294,7 +304,8 @@ def cases(draw, max_items: int = 24) -> Case:
     """Random hostile user code and training loops."""
     kind = draw(st.sampled_from(["map", "iterable"]))
     item = draw(st.sampled_from(["tensor", "tensor", "empty", "numpy", "string", "nested",
-                                 "dataclass", "huge"]))  # fmt: skip
+                                 "dataclass", "huge", "complex", "bfloat16", "view", "bigint",
+                                 "none"]))  # fmt: skip
     n = draw(st.integers(0, 3 if item == "huge" else max_items))
     workers = draw(st.integers(0, 3))
     batch_size = draw(st.sampled_from([None, 1, 2, 3, 5]))
@@ -307,7 +318,9 @@ def cases(draw, max_items: int = 24) -> Case:
     if workers > 0:
         options["persistent_workers"] = draw(st.booleans())
         options["prefetch_factor"] = draw(st.sampled_from([None, 1, 3]))
-        options["multiprocessing_context"] = draw(st.sampled_from([None, "fork"]))
+        options["multiprocessing_context"] = draw(
+            st.sampled_from([None, "fork", "spawn", "forkserver"])
+        )
         options["timeout"] = draw(st.sampled_from([0, 20]))
     # Ours only: every step a stage of its own (samples cross a process between them).
     options["fuse"] = draw(st.sampled_from(["auto", None]))
