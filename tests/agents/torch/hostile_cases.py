@@ -32,17 +32,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-import psutil
 import torch
 import torch.utils.data as tud
 from hypothesis import strategies as st
 
 from agents.torch import DataLoader
-from tests.agents.pipeline import stress
 from tests.agents.torch.conftest import assert_same
+from tests.agents.torch.loader_cases import assert_nothing_left, bounded, children
 
-CALL_BOUND_S = 30.0  # the longest one call (iter, next, close) may take
-GONE_BOUND_S = 15.0  # for our processes, threads and shared memory to leave
 TIMEOUT_S = 0.5  # the loader's timeout in the "slow" cases; the item sleeps 3 times as long
 HUGE = 4_000_000  # float32 elements: 16 MB
 
@@ -353,14 +350,9 @@ class Interrupted(KeyboardInterrupt):
     """The Ctrl-C a case's loop body raises."""
 
 
-def _bounded(case: Case, what: str, fn, *args):
-    value, _ = stress.bounded(f"{what} (case: {case})", CALL_BOUND_S, fn, *args)
-    return value
-
-
 def _next(case: Case, iterator, ours: bool):
     try:
-        return ("batch", _bounded(case, "next()", next, iterator) if ours else next(iterator))
+        return ("batch", bounded(case, "next()", next, iterator) if ours else next(iterator))
     except StopIteration:
         return None
     except Exception as exc:  # noqa: BLE001 - compared with torch's
@@ -375,7 +367,7 @@ def play(case: Case, loader, ours: bool, prefixes: list[str]) -> list[list[tuple
         outcomes: list[tuple] = []
         epochs.append(outcomes)
         try:
-            iterator = _bounded(case, "iter()", iter, loader) if ours else iter(loader)
+            iterator = bounded(case, "iter()", iter, loader) if ours else iter(loader)
         except Exception as exc:  # noqa: BLE001 - torch's single-process iter() may raise
             outcomes.append(("error", exc))
             continue
@@ -507,10 +499,6 @@ def _summary(outcomes: list[tuple]) -> list[str]:
     return [_show(o) for o in outcomes]
 
 
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
 def run_case(case: Case) -> None:
     """Run ``case`` on torch (``num_workers=0``) and on ours; compare; then nothing of ours
     may be left: no process, thread, or shared-memory file."""
@@ -523,37 +511,26 @@ def run_case(case: Case) -> None:
             return
         raise AssertionError(f"torch refuses ({refused!r}), ours not; case: {case}") from None
     theirs = play(case, reference, ours=False, prefixes=[])
-    children_before = _children()
+    children_before = children()
     threads_before = set(threading.enumerate())
     prefixes: list[str] = []
-    loader = _bounded(
+    loader = bounded(
         case, "DataLoader()", lambda: DataLoader(case.dataset(False), **case.kwargs(False))
     )
     try:
         ours = play(case, loader, ours=True, prefixes=prefixes)
     except BaseException:
-        _bounded(case, "close()", loader.close)
+        bounded(case, "close()", loader.close)
         raise
     if case.loop == "drop":
         theirs = theirs[:1]  # the loader went mid-epoch: no second epoch
     else:
-        _bounded(case, "close()", loader.close)
+        bounded(case, "close()", loader.close)
     try:
         compare(case, ours, theirs)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\ncase: {case}") from None
     held = [loader, ours]
     del loader, ours
-    _bounded(case, "the loader's garbage collection", lambda: (held.clear(), gc.collect()))
-    deadline = time.monotonic() + GONE_BOUND_S
-    while True:
-        threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
-        threads = [t for t in threads if not t.name.startswith(("watchdog-", "bounded-"))]
-        procs = _children() - children_before
-        files = [f for f in os.listdir("/dev/shm") if f.startswith(tuple(prefixes))]
-        if not (threads or procs or files) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not (threads or procs or files), (
-        f"left behind: threads {threads}, processes {procs}, shared memory {files}; case: {case}"
-    )
+    bounded(case, "the loader's garbage collection", lambda: (held.clear(), gc.collect()))
+    assert_nothing_left(case, "", threads_before, children_before, prefixes)

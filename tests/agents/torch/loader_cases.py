@@ -576,14 +576,25 @@ def _run_case(case: Case) -> None:
     del loader, ours
     bounded(case, "the loader's garbage collection", lambda: (held.clear(), gc.collect()))
     _phase("compared, collected")
+    assert_nothing_left(case, f"after {case.ending}", threads_before, children_before)
+
+
+def assert_nothing_left(
+    case, when: str, threads_before: set, children_before: set[int], shm_prefixes=()
+) -> None:
+    """Within ``GONE_BOUND_S``, no thread, child process or shared-memory file (of
+    ``shm_prefixes``) is left that was not there before the case's loader."""
     deadline = time.monotonic() + GONE_BOUND_S
-    while time.monotonic() < deadline:
-        left = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
-        left = [t for t in left if not t.name.startswith("watchdog-")]
+    while True:
+        threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        threads = [t for t in threads if not t.name.startswith(("watchdog-", "bounded-"))]
         procs = children() - children_before
-        if not left and not procs:
-            return
+        files = [f for f in os.listdir("/dev/shm") if f.startswith(tuple(shm_prefixes))]
+        files = files if shm_prefixes else []
+        if not (threads or procs or files) or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
-    raise AssertionError(
-        f"left behind after {case.ending}: threads {left}, processes {procs}; case: {case}"
+    assert not (threads or procs or files), (
+        f"left behind {when}: threads {threads}, processes {procs}, shared memory {files}; "
+        f"case: {case}"
     )
