@@ -170,6 +170,16 @@ class FaultyStack:
             raise AssertionError(f"unknown fault {fault.kind!r}")
         self.done.append(f"{fault.kind} ({time.monotonic() - started:.1f} s)")
 
+    def assert_alive(self) -> None:
+        """No process of the stack (nor the agent) exited by itself; else its log's end."""
+        dead = self.stack.group.poll_dead()
+        assert not dead, f"processes died: {dead}\n{self.stack.log(dead[0])[-4000:]}"
+
+    def wait(self, condition, timeout: float, what: str) -> None:
+        """wait_until, failing at once (with the log) when a process of the stack died."""
+        if wait_until(lambda: self.stack.group.poll_dead() or condition(), timeout, what=what):
+            self.assert_alive()
+
     def healthy(self) -> bool:
         answer = httpx.get(f"{self.stack.url}/healthz", timeout=5)
         return answer.status_code == 200 and answer.json().get("redis") == "ok"
@@ -181,7 +191,7 @@ def tuning(api: httpx.Client, job_id: int) -> dict:
 
 def run_case(faulty: FaultyStack, plan: list[Fault], agent_dir) -> dict:
     stack = faulty.stack
-    wait_until(faulty.healthy, RECOVERY_BOUND_S, what="a healthy stack before the case")
+    faulty.wait(faulty.healthy, RECOVERY_BOUND_S, "a healthy stack before the case")
     host = register(stack, decision_interval_s=1)
     agent = f"agent-{host.host_id}"
     state_dir = agent_dir / agent
@@ -191,8 +201,8 @@ def run_case(faulty: FaultyStack, plan: list[Fault], agent_dir) -> dict:
     start_agent(stack, host, state_dir, name=agent)
     api = stack.client(host.api_token)
     api.post(f"/api/v1/jobs/{host.job_id}/tuning/", json={"tuner": "random"}).raise_for_status()
-    wait_until(lambda: (count_samples(stack, host.host_id)["n"] or 0) >= 2, 60, what="samples")
-    wait_until(lambda: tuning(api, host.job_id)["steps"] >= 1, 60, what="a first decision")
+    faulty.wait(lambda: (count_samples(stack, host.host_id)["n"] or 0) >= 2, 60, "samples")
+    faulty.wait(lambda: tuning(api, host.job_id)["steps"] >= 1, 60, "a first decision")
     first_seq = count_samples(stack, host.host_id)["first"]
 
     probe = Probe(stack.url, host.token, host.host_id)
@@ -204,29 +214,28 @@ def run_case(faulty: FaultyStack, plan: list[Fault], agent_dir) -> dict:
         faulty.apply(fault)
     faults_s = time.monotonic() - began
 
-    wait_until(faulty.healthy, RECOVERY_BOUND_S, what="a healthy stack after the faults")
+    faulty.wait(faulty.healthy, RECOVERY_BOUND_S, "a healthy stack after the faults")
     healthy_at = time.monotonic()
     at_recovery = count_samples(stack, host.host_id)
     steps_at_recovery = tuning(api, host.job_id)["steps"]
     # A decision taken after recovery is published and applied by the agent that lived through
     # the faults; the session goes on.
-    wait_until(
+    faulty.wait(
         lambda: count_samples(stack, host.host_id)["applied"] > (at_recovery["version"] or 0),
         RECOVERY_BOUND_S,
-        what=f"the agent applying an allocation published after recovery ({at_recovery})",
+        f"the agent applying an allocation published after recovery ({at_recovery})",
     )
     allocation_s = time.monotonic() - healthy_at
-    wait_until(
+    faulty.wait(
         lambda: tuning(api, host.job_id)["steps"] >= steps_at_recovery + 2,
         RECOVERY_BOUND_S,
-        what="two decisions after recovery",
+        "two decisions after recovery",
     )
     session = tuning(api, host.job_id)
     assert session["status"] == "running", session
     probe.stop.set()
     probing.join(REQUEST_BOUND_S + 35)
-    dead = stack.group.poll_dead()
-    assert not dead, f"processes of the stack died: {dead}\n{stack.log(dead[0])[-3000:]}"
+    faulty.assert_alive()
 
     api.delete(f"/api/v1/jobs/{host.job_id}/tuning/").raise_for_status()
     stack.group.stop(agent)  # SIGTERM: the agent's last flush, then its state file
