@@ -20,6 +20,7 @@ The loader answers ``agents.attach`` as a ``Pipeline`` does; its allocation outl
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import multiprocessing
 import queue
@@ -162,6 +163,17 @@ class DataLoader(torch.utils.data.DataLoader):
         self._readers = max(1, num_workers) if self._iterable else 1
         self._reader_epochs = context.Array("q", self._readers) if self._iterable else None
         self._worker_counter.value = self._readers if self._iterable else 0
+        # Three locks, so that the agent's calls (metrics() every sample, apply() for an
+        # allocation) never wait on an epoch switch: stopping the last epoch's workers and
+        # starting the next's took the agent's sampling thread seconds on a loaded host.
+        # _switch_lock: one epoch switch or close() at a time, held across their stops and
+        #   starts (the epoch count, the base seed and the plans are theirs);
+        # _apply_lock: one apply() at a time, and the making current of a started pipeline,
+        #   with its catch-up to an allocation applied while it started;
+        # _lock: the references (pipeline, receiver, iterator, allocation), swapped or read
+        #   under it, never held across a stop, a start or a resize.
+        self._switch_lock = threading.RLock()
+        self._apply_lock = threading.Lock()
         self._lock = threading.RLock()
         self._epoch = 0
         self._base_seed: int | None = None
@@ -265,8 +277,12 @@ class DataLoader(torch.utils.data.DataLoader):
     # ----------------------------------------------------------------- epochs
 
     def __iter__(self) -> _EpochIterator:
-        """Start an epoch (ending the one before, if still running) and return its iterator."""
-        with self._lock:
+        """Start an epoch (ending the one before, if still running) and return its iterator.
+
+        The switch runs outside the loader's ``_lock``: meanwhile ``metrics()`` reads the
+        pipeline current then (idle rows at the next epoch's allocation, between epochs), and
+        an ``apply()`` is recorded for the next epoch's pipeline, which starts at it."""
+        with self._switch_lock:
             current = self._epoch_iterator
             if current is not None:
                 current.close(superseded=True)
@@ -289,8 +305,9 @@ class DataLoader(torch.utils.data.DataLoader):
                 pipeline = self._build_pipeline(self._base_seed)
                 pipeline.source.items = items
                 self._start(pipeline)
-            iterator = _EpochIterator(self, self._receiver, epoch)
-            self._epoch_iterator_ref = weakref.ref(iterator)
+            with self._lock:
+                iterator = _EpochIterator(self, self._receiver, epoch)
+                self._epoch_iterator_ref = weakref.ref(iterator)
             return iterator
 
     @property
@@ -300,9 +317,24 @@ class DataLoader(torch.utils.data.DataLoader):
         return ref() if ref is not None else None
 
     def _start(self, pipeline: Pipeline) -> None:
-        self._pipeline = pipeline
-        self._receiver = _Receiver(pipeline)
-        pipeline.start()
+        """Start ``pipeline`` (worker launches: seconds on a loaded host) without the loader's
+        ``_lock``, then make it the current one at the allocation in force: one that an
+        ``apply()`` recorded while it started is applied to it here, once."""
+        receiver = _Receiver(pipeline)
+        # Ctrl-C held: between its start and its taking over, nothing would stop it.
+        with deferred():
+            try:
+                pipeline.start()
+            except BaseException:
+                receiver.stop()
+                raise
+            with self._apply_lock:
+                target = self._allocation
+                if target != pipeline.allocation:
+                    pipeline.apply(target)
+                with self._lock:
+                    self._pipeline = pipeline
+                    self._receiver = receiver
 
     def _epoch_items(self, epoch: int) -> Iterator[Item]:
         """What the source feeds for one epoch: index lists then ``EpochEnd``, or (iterable
@@ -338,7 +370,8 @@ class DataLoader(torch.utils.data.DataLoader):
         return items()
 
     def _epoch_finished(self, iterator: _EpochIterator, collected: bool = False) -> None:
-        """The consumer reached the end of an epoch (or left it): free its workers
+        """The consumer reached the end of an epoch (or left it): free its workers. The
+        pipeline is swapped for the next epoch's under the lock, and stopped after it
         (``collected``: the iterator is being garbage-collected; see ``_stop_soon``)."""
         with self._lock:
             current = self._epoch_iterator
@@ -361,19 +394,20 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def close(self) -> None:
         """Stop the workers now (persistent ones included); the loader can iterate again."""
-        with self._lock:
+        with self._switch_lock:
             current = self._epoch_iterator
             if current is not None:
                 current.close()
-            self._epoch_iterator_ref = None
-            receiver, self._receiver = self._receiver, None
-            if self._plans is not None:
-                self._plans.close()
-                self._plans = None
-            self._base_seed = None
-            self._pipeline = self._build_pipeline(0)
-        if receiver is not None:
-            receiver.stop()
+            with self._lock:
+                self._epoch_iterator_ref = None
+                receiver, self._receiver = self._receiver, None
+                plans, self._plans = self._plans, None
+                self._base_seed = None
+                self._pipeline = self._build_pipeline(0)
+            if plans is not None:
+                plans.close()
+            if receiver is not None:
+                receiver.stop()
 
     def __del__(self) -> None:
         # As torch's iterators do: workers do not outlive the loader.
@@ -408,18 +442,28 @@ class DataLoader(torch.utils.data.DataLoader):
         An iterable dataset's ``read`` stage (or the fused stage holding it) keeps its
         ``num_workers`` readers whatever is asked (see the class's docstring)."""
         allocation = self._pinned(allocation)
-        with self._lock:
+        # Without the loader's _lock: a live resize launches workers, and metrics() must not
+        # wait on it. During an epoch switch the current pipeline is the next epoch's
+        # unstarted one, which only records it; the switch then starts its pipeline at it.
+        with self._apply_lock:
+            with self._lock:
+                pipeline = self._pipeline
             try:
-                self._pipeline.apply(allocation)
+                pipeline.apply(allocation)
             except PipelineStopped:
-                # Stopped under the loader (its stop() from another thread): the next
-                # epoch's pipeline starts at this allocation.
-                problems = self._pipeline.check(allocation)
+                # Stopped under the loader (its stop() from another thread, or an epoch's
+                # end): the next epoch's pipeline starts at this allocation.
+                problems = pipeline.check(allocation)
                 if problems:
                     raise AllocationError("; ".join(problems)) from None
+            with self._lock:
                 self._allocation = {**self._allocation, **allocation}
-                return
-            self._allocation = self._pipeline.allocation
+                current = self._pipeline
+            if current is not pipeline:
+                # Swapped meanwhile for the next epoch's, unstarted (only a start, under
+                # _apply_lock, makes a started one current): it records the allocation.
+                with contextlib.suppress(PipelineStopped):
+                    current.apply(allocation)
 
     def check(self, allocation: dict[str, int]) -> list[str]:
         """Say what is wrong with an allocation (empty: nothing) without applying it."""

@@ -210,10 +210,22 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "by the socket's 10 s timeout (_answer_to gives up after _REQUEST_TIMEOUT_S)"
     ),
     ("agents/torch/loader.py", "DataLoader._lock"): (
-        "the epoch's pipeline: held across an epoch switch or close(), which stops the previous "
-        "epoch's pipeline (stop_timeout_s plus about a second) and starts the next (worker "
-        "launches, each bounded by the launcher's 10 s timeout), and across an apply(); "
-        "metrics() and allocation only copy a reference under it"
+        "the references to the epoch's pipeline, receiver and iterator, and the allocation: "
+        "its holders swap or copy them, or build an unstarted pipeline (no worker, no user "
+        "code); no stop, start or resize runs under it, so metrics() and apply() never wait "
+        "on an epoch switch"
+    ),
+    ("agents/torch/loader.py", "DataLoader._switch_lock"): (
+        "one epoch switch or close() at a time: held across stopping the previous epoch's "
+        "pipeline (stop_timeout_s plus about a second) and starting the next (worker launches, "
+        "each bounded by the launcher's 10 s timeout); only iter() and close() take it, never "
+        "the agent's calls"
+    ),
+    ("agents/torch/loader.py", "DataLoader._apply_lock"): (
+        "one resize at a time: held across a Pipeline.apply() (worker launches, each bounded "
+        "by the launcher's 10 s timeout), by apply() and by an epoch's start as it makes its "
+        "started pipeline current at the allocation applied meanwhile; no stop or start "
+        "runs under it"
     ),
     ("agents/torch/loader.py", "_ConsumerStats._lock"): _ONLY_STATE,
     ("agents/torch/steps.py", "WorkerSetup._identity: self.counter.get_lock()"): (

@@ -1,0 +1,95 @@
+"""The agent's calls on a DataLoader (metrics() every sample, apply() for an allocation) never
+wait on an epoch switch: stopping the last epoch's workers and starting the next epoch's take
+seconds on a loaded host, and the agent's sampling thread must not stall meanwhile."""
+
+import threading
+import time
+
+import torch
+import torch.utils.data as tud
+
+from agents.torch import DataLoader
+
+# What one call may take: a metrics() of a started pipeline reads its pools (a few ms, tens
+# at load 10); the switch below takes over a second (a worker killed after its 1 s grace).
+CALL_BOUND_S = 0.2
+
+
+class SlowAfterFirst(tud.Dataset):
+    """Item 0 at once, every other item after 3 s: the epoch left after its first batch has
+    its workers inside __getitem__, so stopping them takes their 1 s grace and a kill."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i:
+            time.sleep(3.0)
+        return torch.tensor([float(i)])
+
+
+def test_metrics_and_apply_return_at_once_during_an_epoch_switch_and_the_allocation_holds():
+    loader = DataLoader(SlowAfterFirst(), batch_size=1, num_workers=2, timeout=30)
+    (stage,) = loader.stage_names  # fetch+collate, fused
+    calls = []  # (what, started, seconds, result)
+    switching = threading.Event()
+    done = threading.Event()
+    applied = threading.Event()
+
+    def agent():
+        # As the agent's sampling thread: metrics() in a loop; one allocation sent once the
+        # switch is under way.
+        while not done.is_set():
+            started = time.monotonic()
+            rows = loader.metrics()
+            calls.append(("metrics", started, time.monotonic() - started, rows))
+            if switching.is_set() and not applied.is_set() and started > switch_at[0] + 0.3:
+                started = time.monotonic()
+                loader.apply({stage: 3})
+                calls.append(("apply", started, time.monotonic() - started, None))
+                applied.set()
+            time.sleep(0.01)
+
+    switch_at = [0.0]
+    try:
+        first = iter(loader)
+        assert next(first).tolist() == [[0.0]]
+        sampler = threading.Thread(target=agent, daemon=True)
+        sampler.start()
+        time.sleep(0.2)
+        switch_at[0] = time.monotonic()
+        switching.set()
+        second = iter(loader)  # ends the first epoch (workers inside __getitem__), starts one
+        switch_s = time.monotonic() - switch_at[0]
+        time.sleep(0.2)  # samples after the switch too
+        done.set()
+        sampler.join(timeout=10)
+        assert not sampler.is_alive(), "the sampling thread is stuck"
+        assert switch_s > 0.8, f"the switch took {switch_s:.2f} s: too fast to show anything"
+        assert applied.is_set(), "no allocation was sent during the switch"
+
+        slow = [(what, round(s, 3)) for what, _, s, _ in calls if s > CALL_BOUND_S]
+        assert not slow, f"calls waited on the {switch_s:.2f} s epoch switch: {slow}"
+        during = [c for c in calls if switch_at[0] <= c[1] <= switch_at[0] + switch_s]
+        assert len(during) >= 5, f"only {len(during)} calls during a {switch_s:.2f} s switch"
+        assert any(c[0] == "apply" for c in during), "the allocation came after the switch"
+
+        # Every sample is a row per stage: of the epoch in force, or between epochs idle
+        # rows at the allocation the next epoch starts at.
+        apply_at = next(c[1] + c[2] for c in calls if c[0] == "apply")
+        for what, started, _, rows in calls:
+            if what != "metrics":
+                continue
+            assert [r["name"] for r in rows] == [stage]
+            if started > apply_at:
+                assert rows[0]["workers"] == 3, rows  # the allocation, once applied, holds
+
+        # The allocation sent during the switch is the new epoch's, applied once: 3 workers.
+        assert loader.allocation == {stage: 3}
+        assert loader.pipeline.allocation == {stage: 3}
+        assert loader.pipeline is second.receiver.pipeline
+        assert [r["workers"] for r in loader.metrics()] == [3]
+        assert next(second).tolist() == [[0.0]]  # the new epoch runs
+    finally:
+        done.set()
+        loader.close()
