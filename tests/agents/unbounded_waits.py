@@ -232,6 +232,10 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "a multiprocessing.Value's lock held to read and increment one integer, once per "
         "worker process as it starts"
     ),
+    ("agents/torch/steps.py", "Read._claim: self.owners.get_lock()"): (
+        "a multiprocessing.Array's lock held to look through the readers' pids (a read of "
+        "/proc for each, psutil) and set one, once per reader process as it starts"
+    ),
     ("agents/torch/steps.py", "Read._begin: self.begun.get_lock()"): (
         "a multiprocessing.Array's lock held to compare and set one integer, once per reader "
         "and epoch"
