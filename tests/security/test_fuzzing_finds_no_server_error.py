@@ -105,6 +105,9 @@ def test_the_coverage_phase_finds_no_error_and_a_schema_as_strict_as_the_validat
     assert all(run["phases"]["coverage"] == "success" for run in runs), runs
 
 
+# make test runs the coverage phase (each boundary and rule, deterministic); the random and
+# stateful phases run here, a few hundred requests, and by the thousand below, under make soak.
+@pytest.mark.soak
 def test_the_api_survives_a_few_hundred_fuzzed_requests(plane, tmp_path):
     assert_clean(run_all(plane, tmp_path, max_examples=8, seed=11))
 
