@@ -5,9 +5,11 @@ seconds on a loaded host, and the agent's sampling thread must not stall meanwhi
 import threading
 import time
 
+import pytest
 import torch
 import torch.utils.data as tud
 
+from agents.pipeline import Pipeline
 from agents.torch import DataLoader
 
 # What one call may take: a metrics() of a started pipeline reads its pools (a few ms, tens
@@ -92,4 +94,100 @@ def test_metrics_and_apply_return_at_once_during_an_epoch_switch_and_the_allocat
         assert next(second).tolist() == [[0.0]]  # the new epoch runs
     finally:
         done.set()
+        loader.close()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_allocation_sent_while_the_next_epochs_workers_start_is_applied_to_them_once(
+    monkeypatch, persistent
+):
+    # The start is slowed by a wrapper (worker launches take seconds only on a loaded host,
+    # which a test cannot order): the allocation then comes in the middle of the start.
+    real_start = Pipeline.start
+    starting = threading.Event()
+
+    def slow_start(pipeline):
+        starting.set()
+        time.sleep(1.0)
+        return real_start(pipeline)
+
+    monkeypatch.setattr(Pipeline, "start", slow_start)
+    loader = DataLoader(tud.TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=2,
+                        persistent_workers=persistent, timeout=30)  # fmt: skip
+    (stage,) = loader.stage_names
+    calls = []  # (what, seconds)
+    epoch = []
+
+    def consumer():
+        epoch.append(iter(loader))
+
+    try:
+        switch = threading.Thread(target=consumer, daemon=True)
+        switch.start()
+        assert starting.wait(10), "the epoch never started its pipeline"
+        time.sleep(0.2)
+        for _ in range(5):
+            started = time.monotonic()
+            rows = loader.metrics()
+            calls.append(("metrics", time.monotonic() - started))
+            assert [(r["name"], r["items_per_s"]) for r in rows] == [(stage, 0.0)]  # idle
+        started = time.monotonic()
+        loader.apply({stage: 3})
+        calls.append(("apply", time.monotonic() - started))
+        started = time.monotonic()
+        rows = loader.metrics()
+        calls.append(("metrics", time.monotonic() - started))
+        assert [r["workers"] for r in rows] == [3]  # the next epoch's, as recorded
+        switch.join(timeout=30)
+        assert not switch.is_alive(), "the epoch's start is stuck"
+        slow = [(what, round(s, 3)) for what, s in calls if s > CALL_BOUND_S]
+        assert not slow, f"calls waited on the epoch's start: {slow}"
+
+        (batches,) = epoch
+        assert loader.pipeline is batches.receiver.pipeline
+        assert loader.allocation == {stage: 3} == loader.pipeline.allocation
+        assert [r["workers"] for r in loader.metrics()] == [3]
+        # Applied once, after the start, from 2 to 3: its one resize started one worker.
+        assert loader.pipeline.last_resize()["workers_started"] == 1
+        assert [b.tolist() for (b,) in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_metrics_and_apply_return_at_once_while_close_stops_busy_workers(persistent):
+    loader = DataLoader(SlowAfterFirst(), batch_size=1, num_workers=2,
+                        persistent_workers=persistent, timeout=30)  # fmt: skip
+    (stage,) = loader.stage_names
+    calls = []  # (what, seconds)
+    try:
+        batches = iter(loader)
+        assert next(batches).tolist() == [[0.0]]
+        closing = threading.Thread(target=loader.close, daemon=True)
+        started_close = time.monotonic()
+        closing.start()
+        time.sleep(0.2)
+        while closing.is_alive() and time.monotonic() - started_close < 10:
+            started = time.monotonic()
+            rows = loader.metrics()
+            calls.append(("metrics", time.monotonic() - started))
+            assert [(r["name"], r["items_per_s"]) for r in rows] == [(stage, 0.0)]  # none runs
+            if len(calls) == 5:
+                started = time.monotonic()
+                loader.apply({stage: 3})
+                calls.append(("apply", time.monotonic() - started))
+            time.sleep(0.01)
+        close_s = time.monotonic() - started_close
+        closing.join(timeout=10)
+        assert not closing.is_alive(), "close() is stuck"
+        assert close_s > 0.8, f"close() took {close_s:.2f} s: too fast to show anything"
+        slow = [(what, round(s, 3)) for what, s in calls if s > CALL_BOUND_S]
+        assert not slow, f"calls waited on the {close_s:.2f} s close(): {slow}"
+        assert any(what == "apply" for what, _ in calls), "no allocation was sent during close()"
+
+        # The next epoch starts at the allocation sent during close().
+        batches = iter(loader)
+        assert next(batches).tolist() == [[0.0]]
+        assert loader.pipeline.allocation == {stage: 3}
+    finally:
         loader.close()
