@@ -34,9 +34,9 @@ def test_no_submodule_is_named_like_an_exported_name():
     assert not submodules & set(tuner.__all__)
 
 
-@pytest.mark.parametrize(
-    "first", [[], ["tuner.control"], ["tuner"], ["tuner.control", "tuner.env"]]
-)
+# The two orders that differ: the package's names looked up first, and tuner.control imported
+# first (as a Celery worker does at its start).
+@pytest.mark.parametrize("first", [[], ["tuner.control"]])
 def test_every_exported_name_is_a_function_or_class_not_a_module(first):
     result = subprocess.run(
         [sys.executable, "-c", CHECK, *first], cwd=ROOT, capture_output=True, text=True, timeout=120
