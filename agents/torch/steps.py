@@ -52,6 +52,9 @@ class SamplerFailed:
 
 # The process that a WorkerSetup has set up (a forked child inherits its parent's pid here).
 _set_up_in: int | None = None
+# What worker_init_fn raised in this process (with the process's pid), raised again for
+# every item it would serve (see WorkerSetup.ensure).
+_init_failed: tuple[int, BaseException] | None = None
 
 
 @dataclass
@@ -81,7 +84,11 @@ class WorkerSetup:
     def ensure(self, worker_id: int | None = None) -> None:
         """Set this process up once (as worker ``worker_id`` if given); nothing in the
         process that built the loader."""
-        global _set_up_in
+        global _set_up_in, _init_failed
+        if _init_failed is not None and _init_failed[0] == os.getpid():
+            # torch never takes a batch from a worker whose worker_init_fn raised (it dies);
+            # ours served the rest of its items without the user's setup.
+            raise _init_failed[1].with_traceback(_init_failed[1].__traceback__)
         if self._pid == os.getpid() or _set_up_in == os.getpid():
             return
         # Once per process, whichever setup comes first: in a fused stage the reader's (its
@@ -99,7 +106,11 @@ class WorkerSetup:
             return
         _set_worker_info(worker_id, num_workers, seed, self.dataset)
         if self.worker_init_fn is not None:
-            self.worker_init_fn(worker_id)
+            try:
+                self.worker_init_fn(worker_id)
+            except BaseException as exc:
+                _init_failed = (os.getpid(), exc)
+                raise
 
     def _identity(self) -> tuple[int, int]:
         if self.counter is None:
@@ -227,13 +238,14 @@ class Read:
                 f"a reader process of the IterableDataset started (slot {_reader_slot}) while "
                 f"all {self.readers} readers were alive; this is a bug of agents.torch"
             )
-        self.setup.ensure(worker_id=reader)
         if epoch != self._epoch:
-            # Ended until iter() returns: a dataset whose __iter__ raises (or a reader that
-            # replaces a dead one, which _begin refuses) gives its error once and then the end
-            # of its share, as a generator that raised. Before, every next tick raised again,
-            # and a loop that skips failed batches never saw the epoch end.
+            # Ended until iter() returns: a dataset whose __iter__ raises (or a reader whose
+            # worker_init_fn raised, or one that replaces a dead one, which _begin refuses)
+            # gives its error once and then the end of its share, as a generator that raised.
+            # Before, every next tick raised again, and a loop that skips failed batches never
+            # saw the epoch end.
             self._epoch, self._ended, self._iterator = epoch, True, None
+            self.setup.ensure(worker_id=reader)
             self._lost = self._begin(epoch, reader)
             if not self._lost:
                 self._iterator = iter(self.dataset)

@@ -175,10 +175,11 @@ class FaultyStack:
         dead = self.stack.group.poll_dead()
         assert not dead, f"processes died: {dead}\n{self.stack.log(dead[0])[-4000:]}"
 
-    def wait(self, condition, timeout: float, what: str) -> None:
+    def wait(self, condition, timeout: float, what: str):
         """wait_until, failing at once (with the log) when a process of the stack died."""
-        if wait_until(lambda: self.stack.group.poll_dead() or condition(), timeout, what=what):
-            self.assert_alive()
+        result = wait_until(lambda: self.stack.group.poll_dead() or condition(), timeout, what=what)
+        self.assert_alive()
+        return result
 
     def healthy(self) -> bool:
         answer = httpx.get(f"{self.stack.url}/healthz", timeout=5)
@@ -216,8 +217,16 @@ def run_case(faulty: FaultyStack, plan: list[Fault], agent_dir) -> dict:
 
     faulty.wait(faulty.healthy, RECOVERY_BOUND_S, "a healthy stack after the faults")
     healthy_at = time.monotonic()
+    # Healthy is not yet answering: right after a PostgreSQL restart the web server's pool may
+    # have one connection back (the health check's) and answer others a clean 503 a while.
+    steps_at_recovery = (
+        faulty.wait(
+            lambda: tuning(api, host.job_id)["steps"] + 1, RECOVERY_BOUND_S, "the API answering"
+        )
+        - 1
+    )
+    answering_s = time.monotonic() - healthy_at
     at_recovery = count_samples(stack, host.host_id)
-    steps_at_recovery = tuning(api, host.job_id)["steps"]
     # A decision taken after recovery is published and applied by the agent that lived through
     # the faults; the session goes on.
     faulty.wait(
@@ -267,6 +276,7 @@ def run_case(faulty: FaultyStack, plan: list[Fault], agent_dir) -> dict:
     return {
         "faults": faulty.done[-len(plan) :],
         "faults_s": faults_s,
+        "answering_s": answering_s,
         "allocation_s": allocation_s,
         "samples": stats["n"],
         "requests": len(probe.results),
@@ -298,7 +308,8 @@ def faulty(tmp_path_factory, private_redis, redis_url):
 
 def report(case: dict) -> None:
     print(
-        f"{' -> '.join(case['faults'])}: faults {case['faults_s']:.1f} s, allocation applied "
+        f"{' -> '.join(case['faults'])}: faults {case['faults_s']:.1f} s, API answering "
+        f"{case['answering_s']:.1f} s after healthy, allocation applied "
         f"{case['allocation_s']:.1f} s after recovery, {case['samples']} samples once each, "
         f"{case['requests']} requests, slowest {case['slowest_s']:.1f} s"
     )

@@ -33,11 +33,17 @@ AN_ITEM_THAT_CANNOT_BE_UNPICKLED = Case(
     custom_collate=True,
 )  # fmt: skip
 
+A_WORKER_INIT_FN_THAT_RAISES_THEN_A_SECOND_EPOCH = Case(
+    "iterable", 3, "tensor", Fault("worker_init", "ValueError", 0),
+    {"batch_size": None, "num_workers": 3, "persistent_workers": True}, loop="break", at=0,
+)  # fmt: skip
+
 
 @pytest.mark.timeout(max(120, 30 * SHORT))
 @settings(RUNS, max_examples=SHORT)
 @example(case=READER_DIES_SKIPPING_LOOP)
 @example(case=AN_ITEM_THAT_CANNOT_BE_UNPICKLED)
+@example(case=A_WORKER_INIT_FN_THAT_RAISES_THEN_A_SECOND_EPOCH)
 @given(case=cases(max_items=16))
 def test_generated_hostile_user_code_never_hangs_and_fails_as_torch(case):
     run_case(case)
