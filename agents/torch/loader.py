@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import multiprocessing
+import os
 import queue
 import sys
 import threading
@@ -163,6 +164,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._reader_epochs = context.Array("q", self._readers) if self._iterable else None
         self._worker_counter.value = self._readers if self._iterable else 0
         self._lock = threading.RLock()
+        self._owner_pid = os.getpid()
         self._epoch = 0
         self._base_seed: int | None = None
         self._plans: _Plans | None = None
@@ -377,6 +379,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __del__(self) -> None:
         # As torch's iterators do: workers do not outlive the loader.
+        if os.getpid() != getattr(self, "_owner_pid", None):
+            return  # a forked copy (see _EpochIterator.__del__)
         try:
             if self._plans is not None:
                 self._plans.close()
@@ -461,6 +465,7 @@ class _EpochIterator:
         self._closed_early = False
         self._readers = loader._readers
         self._readers_ended: set[int] = set()
+        self._owner_pid = os.getpid()
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -550,6 +555,14 @@ class _EpochIterator:
         self._finish()
 
     def __del__(self) -> None:
+        if os.getpid() != getattr(self, "_owner_pid", None):
+            # A copy in a forked process: the pipeline's launcher is forked from the training
+            # process, and a loader left there in a reference cycle (a loop ended by an
+            # exception) is copied into it and every worker, whose garbage collection ran
+            # this and stopped, in the worker, its copy of the old pipeline (taking locks
+            # copied mid-use, killing through inherited pidfds, sweeping shared memory): the
+            # new loader's epoch never came, 2 runs in 3 of the regression test.
+            return
         try:
             self._finish(collected=True)
         except Exception:
