@@ -97,6 +97,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # requests fail fast with a 503 instead of hanging.
         "timeout": envfloat("INTUNE_DB_POOL_TIMEOUT_S", 3.0),
     }
+    # After PostgreSQL comes back the pool reconnects within this many seconds, not after a
+    # delay that doubled through the outage (webapp/pool_guard.py).
+    DB_RECONNECT_DELAY_MAX_S = envfloat("INTUNE_DB_RECONNECT_DELAY_MAX_S", 2.0)
+    if DB_RECONNECT_DELAY_MAX_S <= 0:
+        raise ImproperlyConfigured(
+            f"INTUNE_DB_RECONNECT_DELAY_MAX_S={DB_RECONNECT_DELAY_MAX_S:g}: give a bound in seconds"
+        )
+    from .pool_guard import install as install_pool_guard
+
+    install_pool_guard(DB_RECONNECT_DELAY_MAX_S)
     # Row locks are waited for a bounded time. A transaction that holds a row and never ends (a
     # Celery tuning step frozen in create_allocation with its host row locked, a web thread
     # stuck mid-request) otherwise held every request locking or updating that row (an

@@ -459,22 +459,25 @@ class StagePool:
             # Every worker dies before it answers anything (a worker_init_fn that exits, a
             # library that crashes on import): retrying each item on max_item_retries more
             # workers cost 3 deaths per item, 0.5 to 3.5 s per batch on 2 busy cores (200
-            # batches of a loop that skips failed ones: 50 s). Now each death fails what the
-            # worker held; the first answer of the stage ends this.
+            # batches of a loop that skips failed ones: 50 s). Now each death fails the item
+            # the worker was on; the first answer of the stage ends this.
             log.error(
                 "stage '%s': %d workers died in a row without answering (the last %s); "
                 "%d item(s) it held fail without a retry",
                 self.stage.name, self.deaths_in_a_row, how, len(lost),
             )  # fmt: skip
-            for seq, _ in lost:
-                self.deaths.pop(seq, None)
-                failure = Failure(
-                    self.stage.name,
-                    f"WorkerDied: {self.deaths_in_a_row} workers of this stage died in a row "
-                    f"without answering an item (the last {how})",
-                    "",
-                )
-                self.outbox.put((seq, failure))
+            # Only the item it worked on: the others it held go on (one may be a loader's
+            # end of epoch, which failed here, left its epoch endless).
+            seq, _ = lost[0]
+            self.deaths.pop(seq, None)
+            failure = Failure(
+                self.stage.name,
+                f"WorkerDied: {self.deaths_in_a_row} workers of this stage died in a row "
+                f"without answering an item (the last {how})",
+                "",
+            )
+            self.outbox.put((seq, failure))
+            self.inbox.put_front(lost[1:])
             return
         if lost:
             seq, _ = lost[0]  # the item it was working on

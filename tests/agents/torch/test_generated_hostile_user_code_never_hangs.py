@@ -38,12 +38,18 @@ A_WORKER_INIT_FN_THAT_RAISES_THEN_A_SECOND_EPOCH = Case(
     {"batch_size": None, "num_workers": 3, "persistent_workers": True}, loop="break", at=0,
 )  # fmt: skip
 
+WORKERS_THAT_ALL_DIE_IN_TWO_STAGES = Case(
+    "map", 16, "tensor", Fault("worker_init", "exit", 12),
+    {"batch_size": 3, "drop_last": True, "num_workers": 2, "fuse": None},
+)  # fmt: skip
+
 
 @pytest.mark.timeout(max(120, 30 * SHORT))
 @settings(RUNS, max_examples=SHORT)
 @example(case=READER_DIES_SKIPPING_LOOP)
 @example(case=AN_ITEM_THAT_CANNOT_BE_UNPICKLED)
 @example(case=A_WORKER_INIT_FN_THAT_RAISES_THEN_A_SECOND_EPOCH)
+@example(case=WORKERS_THAT_ALL_DIE_IN_TWO_STAGES)
 @given(case=cases(max_items=16))
 def test_generated_hostile_user_code_never_hangs_and_fails_as_torch(case):
     run_case(case)
