@@ -191,8 +191,9 @@ def test_a_stopping_worker_answers_its_held_polls_at_once(stack):
     """SIGTERM to the web worker (gunicorn replacing it, or the service stopping): its held
     long-polls answer 204 at once instead of holding the worker for their whole wait, and the
     agents re-arm on the worker gunicorn starts in its place."""
-    _, host, headers, after = one_stage_host(stack, "stopping")
+    operator, host, headers, after = one_stage_host(stack, "stopping")
     worker = web_worker(stack)
+    before = held_count(stack, operator["token"])
 
     async def scenario():
         async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
@@ -202,7 +203,14 @@ def test_a_stopping_worker_answers_its_held_polls_at_once(stack):
                                                headers=headers))
                 for _ in range(20)
             ]  # fmt: skip
-            await asyncio.sleep(2)
+            # Held by the worker (a fixed 2 s sleep before): counted in /metrics.
+            await asyncio.to_thread(
+                wait_until,
+                lambda: held_count(stack, operator["token"]) >= before + 20,
+                30,
+                interval=0.3,
+                what="20 more held long-polls in /metrics",
+            )
             assert not any(p.done() for p in polls)
             signalled = time.monotonic()
             worker.terminate()

@@ -29,6 +29,8 @@ def postgres():
 # take 6 s, not 18. The test's own reads (the manage shell) keep the default: right after the
 # restart their pool may need more than 1 s to connect again.
 FAIL_FAST = {"INTUNE_DB_POOL_TIMEOUT_S": "1"}
+# What the agent logs when the control plane refuses a batch of its samples (agents.client).
+REFUSED = "shipping metrics: POST"
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,7 @@ def test_a_postgres_restart_fails_cleanly_and_recovers(stack, postgres, agent_st
     api = stack.client(host.api_token)
     agent = httpx.Client(base_url=stack.url, headers={"Authorization": f"Agent {host.token}"})
 
+    refused_before = stack.log("agent").count(REFUSED)
     postgres.stop()
     down_at = time.monotonic()
     answers = {
@@ -69,7 +72,13 @@ def test_a_postgres_restart_fails_cleanly_and_recovers(stack, postgres, agent_st
     assert answers["jobs"].json()["detail"] == "the database is unavailable; retry shortly"
     assert statuses["dashboard"] in (302, 503), statuses  # a redirect to login, or the 503
     assert "Traceback" not in "".join(a.text for a in answers.values())
-    time.sleep(5)  # the agent keeps sampling; its batches are refused and buffered
+    # The agent keeps sampling; its batches are refused and buffered: two refusals of its metrics
+    # in its log (a fixed 5 s sleep before; the six answers above take about 6 s, by when the
+    # agent has mostly been refused twice already).
+    wait_until(
+        lambda: stack.log("agent").count(REFUSED) >= refused_before + 2, 30,
+        what="the agent's batches refused during the outage",
+    )  # fmt: skip
 
     postgres.start()
     back_at = time.monotonic()

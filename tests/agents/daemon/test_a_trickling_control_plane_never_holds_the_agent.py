@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from agents.client import ControlPlaneClient, ControlPlaneError, register_host
 
-TIMEOUT_S = 1.0
+# Twice the slowest trickle's gap between bytes (0.3 s), so every byte still comes within the
+# read timeout; 1.0 before, and every case waited out the bound: 17 s for the module.
+TIMEOUT_S = 0.6
 SLACK_S = 2.0  # a busy CPU's delay on top of the bound
 
 
