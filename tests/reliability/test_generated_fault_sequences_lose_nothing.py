@@ -186,6 +186,37 @@ class FaultyStack:
         return answer.status_code == 200 and answer.json().get("redis") == "ok"
 
 
+# What the logs say after each fault, where something is sure to notice it: the agent's client
+# while the web server is away (its long-poll is always held, so it is cut), the worker's
+# consumer when Redis goes, the web server when PostgreSQL goes (the probes' requests meet it).
+# A pause or a killed worker may pass unnoticed (the next task waits in Redis), so asks nothing.
+SAID = {
+    "kill web": ("agent", ("training goes on",)),
+    "terminate web": ("agent", ("training goes on",)),
+    "restart redis": ("worker", ("Connection to broker lost",)),
+    # A request during the outage (503, "unavailable"), or a dead pooled connection found after.
+    "restart postgres": ("web", ("unavailable", "error connecting", "discarding closed")),
+}
+
+
+class LogMarks:
+    """The size of each log of the stack at a moment; ``since`` reads what was written after."""
+
+    def __init__(self, stack: LiveStack):
+        self.directory = stack.directory / "logs"
+        self.sizes = {p.name: p.stat().st_size for p in self.directory.glob("*.log")}
+
+    def since(self, name: str) -> str:
+        """What the log ``name`` (each of ``name``'s instances: worker, worker-2...) got since."""
+        text = []
+        paths = [self.directory / f"{name}.log", *self.directory.glob(f"{name}-*.log")]
+        for path in sorted(p for p in set(paths) if p.exists()):
+            with open(path, "rb") as f:
+                f.seek(self.sizes.get(path.name, 0))
+                text.append(f.read().decode(errors="replace"))
+        return "\n".join(text)
+
+
 def tuning(api: httpx.Client, job_id: int) -> dict:
     return api.get(f"/api/v1/jobs/{job_id}/tuning/").raise_for_status().json()[0]
 
@@ -209,6 +240,7 @@ def run_case(faulty: FaultyStack, plan: list[Fault], agent_dir) -> dict:
     probe = Probe(stack.url, host.token, host.host_id)
     probing = threading.Thread(target=probe.run, daemon=True)
     probing.start()
+    marks = LogMarks(stack)
     began = time.monotonic()
     for fault in plan:
         time.sleep(fault.after_s)
@@ -259,6 +291,12 @@ def run_case(faulty: FaultyStack, plan: list[Fault], agent_dir) -> dict:
     assert stats["dropped"] == 0, stats
     assert "agent stopped; 0 samples were still buffered" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+
+    for fault in plan:
+        if fault.kind in SAID:
+            service, words = SAID[fault.kind]
+            written = marks.since(agent if service == "agent" else service)
+            assert any(w in written for w in words), f"{fault.kind}: no {words} in {service}'s log"
 
     decisions = api.get(f"/api/v1/hosts/{host.host_id}/decisions/", params={"limit": 500})
     steps = sorted(d["step"] for d in decisions.raise_for_status().json()["results"])
