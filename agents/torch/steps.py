@@ -244,10 +244,15 @@ class Read:
             # gives its error once and then the end of its share, as a generator that raised.
             # Before, every next tick raised again, and a loop that skips failed batches never
             # saw the epoch end.
+            # The epoch is recorded as begun before worker_init_fn runs: a reader whose
+            # worker_init_fn kills its process died in the epoch, and its replacement (which
+            # would die the same way) ends the share with one error instead of running it
+            # again. Before, every replacement died before recording it, each tick failed
+            # (WorkerDied) and no reader lived to end the share: an endless epoch of errors.
             self._epoch, self._ended, self._iterator = epoch, True, None
-            self.setup.ensure(worker_id=reader)
             self._lost = self._begin(epoch, reader)
             if not self._lost:
+                self.setup.ensure(worker_id=reader)
                 self._iterator = iter(self.dataset)
                 self._ended = False
         end = (epoch, 0, EpochEnd(epoch, reader, self._lost))

@@ -330,9 +330,7 @@ def cases(draw, max_items: int = 24) -> Case:
         "none": ["ValueError"],
         "item": RAISES + DEATHS + ["slow"] + (UNSENT if custom_collate else []),
         "collate": RAISES + DEATHS + ["slow", "odd"],
-        # Known gap (docs/reliability.md): an IterableDataset's reader whose worker_init_fn
-        # kills it fails every tick, and its share never ends; not generated until fixed.
-        "worker_init": RAISES + (["exit"] if kind == "map" else []),
+        "worker_init": RAISES + ["exit"],
         "sampler": ["IndexError"],
         "len": ["IndexError"],
     }[where]
