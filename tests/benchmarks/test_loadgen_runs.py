@@ -11,7 +11,11 @@ from benchmarks import loadgen, long_poll_memory
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("client", loadgen.CLIENTS)
+# make test runs the default client (httpx); make soak the other too, and the memory command.
+@pytest.mark.parametrize(
+    "client",
+    [c if c == "httpx" else pytest.param(c, marks=pytest.mark.soak) for c in loadgen.CLIENTS],
+)
 def test_a_few_agents_in_step_lose_nothing_with_either_client(live_stack, client):
     person = live_stack.create_user(f"load-{client}", role="operator")
     web = psutil.Process(live_stack.group.children["web"].pid)
@@ -48,6 +52,7 @@ def test_an_unknown_client_is_refused():
         loadgen.agent_client("requests", "http://127.0.0.1:1", None)
 
 
+@pytest.mark.soak
 def test_the_memory_command_holds_each_step_and_reports_bytes_per_long_poll(
     redis_url, tmp_path, capsys
 ):
