@@ -287,6 +287,12 @@ class Pipeline:
         cannot be killed) and named in a warning.
         """
         with deferred(), self._stop_lock:
+            # Before the lock: an apply() or a worker's replacement holds it while it waits
+            # for the launcher to fork a worker, up to 10 s a worker for one that does not
+            # answer (stopped, swapped out); a stop waited behind them all (62 s, 3 workers).
+            zygote = self._zygote
+            if self._started and zygote is not None:
+                zygote.abandon()
             with self._lock:
                 if not self._started or self._stopped:
                     self._stopped = True

@@ -46,6 +46,7 @@ FORK_LOCK = threading.Lock()
 # An answer: the number of the request it answers, and the new worker's pid (or -errno).
 _ANSWER = struct.Struct("<qq")
 _REQUEST_TIMEOUT_S = 10.0  # the socket's timeout: a launcher that does not answer is gone
+_ANSWER_SLICE_S = 0.05  # how often a request waiting for its answer looks for a stop
 _KILL_REAP_S = 1.0  # how long close() waits for the launcher to die after SIGKILL
 _PR_SET_PDEATHSIG = 1
 
@@ -93,6 +94,7 @@ class Zygote:
         self._socket = ours
         self._lock = threading.Lock()
         self._closed = False
+        self._abandoned = False  # the pipeline is stopping: no request waits any more
         self._requests = 0  # requests sent: each is numbered, and so is its answer
 
     def spawn(self, request: dict[str, Any]) -> tuple[int, int | None, int, int]:
@@ -102,7 +104,7 @@ class Zygote:
         results_r, results_w = os.pipe()
         try:
             with self._lock:
-                if self._closed:
+                if self._closed or self._abandoned:
                     raise LauncherGone("the pipeline is stopping")
                 self._requests += 1
                 number = self._requests
@@ -141,6 +143,15 @@ class Zygote:
         one, it gave this worker another's pid, and every later request the answer before."""
         deadline = time.monotonic() + _REQUEST_TIMEOUT_S
         while True:
+            # In slices, so that a stop is not held up to the whole timeout by a launcher
+            # that does not answer (stopped, or swapped out under memory pressure).
+            ready, _, _ = select.select([self._socket], [], [], _ANSWER_SLICE_S)
+            if self._abandoned:
+                raise TimeoutError("the pipeline is stopping")
+            if not ready:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer to request {number} in {_REQUEST_TIMEOUT_S} s")
+                continue
             message, fds, _, _ = socket.recv_fds(self._socket, 64, 1)
             if not message or _ANSWER.unpack(message)[0] == number:
                 return message, fds
@@ -148,6 +159,11 @@ class Zygote:
                 _close(fd)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no answer to request {number} in {_REQUEST_TIMEOUT_S} s")
+
+    def abandon(self) -> None:
+        """Make the request waiting for an answer, and every later one, fail at once (the
+        pipeline is stopping; taken without the lock, which that request holds)."""
+        self._abandoned = True
 
     def alive(self) -> bool:
         """Say whether the launcher still runs."""
