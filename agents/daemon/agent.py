@@ -272,9 +272,10 @@ class Agent:
         Stage metrics are averages since the previous call, so only the agent should call
         ``pipeline.metrics()``.
         """
-        # Per stage as written only while some stages run fused: otherwise the rows are the same.
-        fused = self.layouts and any(len(group) > 1 for group in self.pipeline.layout)
-        rows = self.pipeline.metrics(by_unit=True) if fused else self.pipeline.metrics()
+        # Per stage as written (the same rows while no stage runs fused), asked for whatever
+        # the layout is now: a relayout between a look at the layout and the measurement gave
+        # rows named by group ("parse+transform"), which the control plane refuses.
+        rows = self.pipeline.metrics(by_unit=True) if self.layouts else self.pipeline.metrics()
         stages = [stage_fields(m) for m in rows]
         per_worker = {
             s["name"]: s["rss_mb"] / s["workers"] for s in stages if s["workers"] and s["rss_mb"]

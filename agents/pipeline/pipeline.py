@@ -764,11 +764,14 @@ class Pipeline:
         (its workers, throughput and memory are the group's; busy time and CPU are split;
         the queue in front goes to its first stage, the one after to its last), and each
         such row names its ``group``."""
-        rows = self._metrics()
-        if not by_unit:
-            return rows
-        units = []
+        # One hold of the lock for the rows and the layout they are split by: a relayout in
+        # between (the agent applies one while its sampler measures) gave rows of one layout
+        # and groups of the other ("zip() argument 2 is shorter than argument 1").
         with self._lock:
+            rows = self._metrics()
+            if not by_unit:
+                return rows
+            units = []
             parts = {}
             for (i, j), row in zip(self._spans, rows, strict=True):
                 parts[row["name"]] = (i, j, self._part_shares(self._pool_of.get((i, j)), j - i))
