@@ -51,6 +51,26 @@ class ControlPlaneError(Exception):
         return self.status not in (400, 409, 413, 422)
 
 
+def _answer(response: httpx.Response, what: str) -> dict:
+    """The JSON object a successful answer carries; a ``ControlPlaneError`` (retryable) when
+    it carries something else. A URL that reaches another server, or a proxy's or a login
+    page, answered 200 with HTML: ``attach()`` raised a bare "JSONDecodeError: Expecting
+    value: line 1 column 1 (char 0)", and a JSON list killed the agent's poll thread."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        return body
+    kind = response.headers.get("Content-Type", "no Content-Type") or "no Content-Type"
+    raise ControlPlaneError(
+        f"{what} answered {response.status_code} with {kind}, not the control plane's JSON "
+        f"object ({response.text[:80]!r}): check the URL, and any proxy in front of it",
+        status=response.status_code,
+        detail=response.text[:500],
+    )
+
+
 def _error_from_response(response: httpx.Response, what: str) -> ControlPlaneError:
     try:
         detail = str(response.json().get("detail", response.text))
@@ -230,7 +250,7 @@ class ControlPlaneClient:
             raise ControlPlaneError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
             raise _error_from_response(response, what)
-        return response.json()
+        return _answer(response, what)
 
     def poll_allocation(self, after: int, wait_s: float = 30.0) -> dict | None:
         """Long-poll ``/hosts/{id}/allocation/`` once for a version newer than ``after``.
@@ -254,7 +274,7 @@ class ControlPlaneClient:
             return None
         if response.status_code != 200:
             raise _error_from_response(response, what)
-        return response.json()
+        return _answer(response, what)
 
     def with_retries(self, attempt: Callable[[], T], what: str) -> T:
         """Call ``attempt`` until it succeeds, backing off with jitter between failures.
@@ -323,7 +343,7 @@ def register_host(
             raise ControlPlaneError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code not in (200, 201):
             raise _error_from_response(response, what)
-        return response.json()
+        return _answer(response, what)
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(
