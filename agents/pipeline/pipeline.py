@@ -474,9 +474,24 @@ class Pipeline:
         one whose queue is full (or holds items) while the queues after it are empty."""
         parts = []
         for pool in list(self._pools):
-            parts.append(
+            part = (
                 f"'{pool.stage.name}' {pool.inbox.qsize()} item(s) waiting, {pool.target} worker(s)"
             )
+            # A worker stopped by a signal (SIGSTOP, SIGTSTP) keeps its items and looks alive:
+            # the only hang the pipeline cannot end itself, so the one the message must name.
+            stopped = []
+            for process in pool.processes():
+                try:
+                    if process.status() == psutil.STATUS_STOPPED:
+                        stopped.append(str(process.pid))
+                except psutil.Error:
+                    continue
+            if stopped:
+                part += (
+                    f" ({'pid' if len(stopped) == 1 else 'pids'} {', '.join(stopped)} stopped "
+                    "by a signal, holding their items: kill -CONT to go on)"
+                )
+            parts.append(part)
         parts.append(f"ready for the consumer {self._ready.qsize()}")
         return "; ".join(parts)
 

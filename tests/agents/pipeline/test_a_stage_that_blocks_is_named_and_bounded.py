@@ -8,6 +8,8 @@ rather than stalling the suite.
 """
 
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -111,3 +113,30 @@ def test_a_long_wait_is_logged_where_the_items_stand_and_the_pipeline_goes_on(ca
 def test_a_timeout_that_is_not_positive_is_refused(option, value):
     with pytest.raises(ValueError, match=option):
         Pipeline(range(3), [Stage("a", lambda x: x)], **{option: value})
+
+
+def _numbered(x: int) -> int:
+    time.sleep(0.005)
+    return x
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_stopped_by_a_signal_is_named_where_the_consumer_waits():
+    # A SIGSTOPped worker looks alive and keeps its items: nothing the pipeline can end by
+    # itself. Before, the stall said only "'slow' 8 item(s) waiting, 2 worker(s)".
+    pipeline = Pipeline(
+        range(10**6), [Stage("slow", _numbered, workers=2)], item_timeout_s=2.0, queue_size=4
+    )
+    with pipeline:
+        items = iter(pipeline)
+        next(items)
+        stopped = pipeline._pools[0].processes()[0].pid
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            with pytest.raises(PipelineStalled) as stalled:
+                for _ in range(10**6):
+                    next(items)
+            assert f"pid {stopped} stopped by a signal" in str(stalled.value)
+            assert "kill -CONT" in str(stalled.value)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
