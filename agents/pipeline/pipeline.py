@@ -87,7 +87,9 @@ class Pipeline:
 
     Every wait has a bound: ``stop()`` returns within ``stop_timeout_s`` plus a second
     whatever the workers are doing (process workers that do not leave are killed), and
-    leaves no process or shared-memory file behind.
+    leaves no process or shared-memory file behind. A pipeline that nothing refers to any
+    more (built per epoch and only iterated) is stopped when it is collected; ``with`` or
+    ``stop()`` stops it at a moment of your choosing.
 
     - ``queue_size``: capacity of each queue between stages (items).
     - ``prefetch``: items the pipeline keeps ready for the consumer (default ``queue_size``).
