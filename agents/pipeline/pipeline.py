@@ -147,6 +147,16 @@ class Pipeline:
             raise ValueError("process stages need os.fork (Linux or macOS); use kind='thread'")
         if max_item_retries < 0:
             raise ValueError(f"max_item_retries must be 0 or more, got {max_item_retries}")
+        # A prefetch below 1 left the collector no room for any item: the consumer waited for
+        # ever; a negative stop_timeout_s named the pipeline's own threads as stuck in user code.
+        if prefetch is not None and (
+            isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1
+        ):
+            raise ValueError(
+                f"prefetch must be a whole number of 1 or more (or None), got {prefetch!r}"
+            )
+        if not stop_timeout_s >= 0:
+            raise ValueError(f"stop_timeout_s must be 0 or more, got {stop_timeout_s!r}")
         for option, value in (
             ("item_timeout_s", item_timeout_s),
             ("stall_warning_s", stall_warning_s),
