@@ -255,6 +255,38 @@ PIPELINE_METHODS = ("start", "stop", "apply", "check", "metrics", "__iter__")
 """What the agent calls on the pipeline it runs (``agents.pipeline.Pipeline`` has them all)."""
 
 
+class StoppedWhileBuilding(BaseException):
+    """SIGINT or SIGTERM came while the pipeline was being built (a ``BaseException``, so a
+    factory's ``except Exception`` does not swallow it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def build_interruptibly(build: Callable[[], Any], check: Callable[[Any], None]) -> Any:
+    """``build()`` the pipeline and ``check(pipeline)`` it, a SIGINT or SIGTERM meanwhile
+    raising :class:`StoppedWhileBuilding` where the main thread is.
+
+    A factory may wait for minutes (a dataset generated, a mount, a download) or for ever (a
+    read with no timeout); with the agent's note-only handlers installed before it, nothing
+    looked at the note until it returned: Ctrl-C and SIGTERM did nothing (a blocked factory:
+    still running 10 s after SIGTERM). No thread of the agent runs yet, so raising from the
+    handler is safe here."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise StoppedWhileBuilding(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        pipeline = build()
+        check(pipeline)
+        return pipeline
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def check_stages_match_the_job(state: Any, pipeline: Any) -> None:
     """Exit with both lists when the host's job names other stages than the pipeline has
     (``agents.daemon.checks.job_stages_problem``), or when the control plane refuses this
@@ -455,7 +487,6 @@ def run(argv: list[str] | None = None) -> int:
     # thread may hold at that very moment (inside stop.wait()), and the agent hung there.
     # Every wait on it lasts at most 0.2 s before it looks at the note.
     stop = SignalledStop()
-    stop.install((signal.SIGINT, signal.SIGTERM))
 
     config = AgentConfig(
         url=state.url,
@@ -471,13 +502,21 @@ def run(argv: list[str] | None = None) -> int:
         first_seq=first_seq,
     )
     if args.sidecar:
+        stop.install((signal.SIGINT, signal.SIGTERM))
         try:
             return serve_ranks(args, config, stop, remember)
         finally:
             if state_dir is not None:
                 state.save(state_dir)
-    pipeline = load_pipeline(args.pipeline, args.fuse, args.data_dir, args.bad_lines)
-    check_stages_match_the_job(state, pipeline)
+    try:
+        pipeline = build_interruptibly(
+            lambda: load_pipeline(args.pipeline, args.fuse, args.data_dir, args.bad_lines),
+            lambda built: check_stages_match_the_job(state, built),
+        )
+    except StoppedWhileBuilding as exc:
+        log.info("stopped by %s while building the pipeline", signal.Signals(exc.signum).name)
+        return 0
+    stop.install((signal.SIGINT, signal.SIGTERM))
     pipeline.start()
     consumer, trainer_stats = start_consumer(pipeline, args, stop)
     agent = Agent(pipeline, config, trainer_stats=trainer_stats, on_shipped=remember).start()
