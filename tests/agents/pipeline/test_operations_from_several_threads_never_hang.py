@@ -1,10 +1,10 @@
 """Generated pipelines driven from several threads at once, as a training script and its agent
 drive one: resizes, relayouts, measurements, SIGKILL, SIGSTOP and SIGCONT of worker processes
 each from a thread of its own, one to three consumer threads, and a stop from yet another
-thread at a generated moment (or after the source's end). Every call returns within its
-bound, the consumers share the items each once and in order per consumer (or end with
-``PipelineStopped``), the stop keeps its bound even with a worker left stopped, and nothing
-is left: no process, thread or shared-memory file.
+thread at a generated moment (or after the source's end, or no stop: the pipeline dropped
+and collected). Every call returns within its bound, the consumers share the items each once
+and in order per consumer (or end with ``PipelineStopped``), the stop keeps its bound even
+with a worker left stopped, and nothing is left: no process, thread or shared-memory file.
 
 ``stress.py`` drives its operations one at a time from the test's thread; these cases are
 the interleavings it cannot make. The short form runs in ``make test``, the long one in
@@ -14,6 +14,7 @@ every consumer thread but one waited for ever at the source's end.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -50,6 +51,7 @@ class Case:
     drivers: tuple[str, ...]  # the operations, each run in a thread of its own
     stop_after_s: float | None  # None: stop once the consumers are done
     seed: int
+    dropped: bool = False  # with stop_after_s None: dropped, not stopped (collected instead)
 
 
 @st.composite
@@ -72,6 +74,7 @@ def cases(draw) -> Case:
         ),
         stop_after_s=draw(st.none() | st.floats(0.05, 2.0)),
         seed=draw(st.integers(0, 2**16)),
+        dropped=draw(st.booleans()),
     )
 
 
@@ -172,16 +175,23 @@ def run_case(case: Case) -> None:
         for thread in drivers:
             thread.join(CALL_BOUND_S + 1)
         assert not any(t.is_alive() for t in drivers), f"a driver never returned: {stalls}"
-        began = time.monotonic()
-        pipeline.stop()
-        took = time.monotonic() - began
-        assert took < STOP_BOUND_S, f"stop took {took:.1f} s"
+        if case.dropped and case.stop_after_s is None:
+            # As a loop over a pipeline built per epoch leaves it: the consumers and drivers
+            # have ended, this was the last reference; collected, it stops (checked below).
+            del pipeline
+            gc.collect()
+        else:
+            began = time.monotonic()
+            pipeline.stop()
+            took = time.monotonic() - began
+            assert took < STOP_BOUND_S, f"stop took {took:.1f} s"
         for thread in consumers:
             thread.join(5)
         assert not any(t.is_alive() for t in consumers), "a consumer outlived the stop"
     finally:
         done.set()
-        pipeline.stop()
+        if "pipeline" in locals():
+            pipeline.stop()
     assert not stalls, stalls
     assert all(o in ("end", "stopped") for o in outcomes), outcomes
     if case.stop_after_s is None:
