@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import logging
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -45,6 +47,14 @@ _CONSUMER_SLICE_S = 0.1
 
 # How often the pipeline replaces dead workers (and a dead launcher).
 _MONITOR_S = 0.1
+
+
+@dataclasses.dataclass
+class _Flow:
+    """What the source thread tells the collector: the number of items, once all are read."""
+
+    total: int | None = None
+
 
 # The pipelines started and not yet stopped in this process, stopped at its exit (below).
 _RUNNING: weakref.WeakSet[Pipeline] = weakref.WeakSet()
@@ -174,7 +184,7 @@ class Pipeline:
         self._zygote: Zygote | None = None
         self._prefix = f"intune-{uuid.uuid4().hex[:10]}"
         self._last_resize: dict[str, Any] | None = None
-        self._total: int | None = None
+        self._flow = _Flow()  # what the source thread tells the collector
         self._stats_lock = threading.Lock()
         self._taken = 0
         self._waiting_since: float | None = None
@@ -235,10 +245,21 @@ class Pipeline:
             now = time.monotonic()
             self._metrics_at = now
             self._reset_consumer_counters(now)
+            me = weakref.ref(self)
+            self._owner_pid = os.getpid()
             self._threads = [
-                threading.Thread(target=self._feed, name=f"{self.name}-source", daemon=True),
-                threading.Thread(target=self._collect, name=f"{self.name}-collect", daemon=True),
-                threading.Thread(target=self._monitor, name=f"{self.name}-monitor", daemon=True),
+                threading.Thread(
+                    target=_feed, args=(me, self._flow), name=f"{self.name}-source", daemon=True
+                ),
+                threading.Thread(
+                    target=_collect,
+                    args=(me, self._flow, self._stop),
+                    name=f"{self.name}-collect",
+                    daemon=True,
+                ),
+                threading.Thread(
+                    target=_monitor, args=(me, self._stop), name=f"{self.name}-monitor", daemon=True
+                ),
             ]
             for thread in self._threads:
                 thread.start()
@@ -307,88 +328,49 @@ class Pipeline:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _monitor(self) -> None:
-        """Replace dead workers, and the launcher if it died, until the pipeline stops."""
-        while not self._stop.wait(_MONITOR_S):
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                if self._zygote is not None and not self._zygote.alive():
-                    log.warning(
-                        "pipeline '%s': the worker launcher (pid %d) died; starting another",
-                        self.name,
-                        self._zygote.pid,
-                    )
-                    self._zygote.close()
-                    self._start_launcher()
-                for pool in self._pools:
-                    pool.maintain()
-                self._drain()
+    def __del__(self) -> None:
+        # A pipeline nobody can reach any more stops, as torch's DataLoader iterators end their
+        # workers: one built per epoch and only iterated (no ``with``, no ``stop()``) kept its
+        # launcher, its workers and its threads until the interpreter's exit, 3 processes and
+        # 5 threads more every epoch. Its threads hold it only weakly (``_feed`` and the rest)
+        # so that it can be collected at all.
+        if os.getpid() != getattr(self, "_owner_pid", None):
+            return  # a copy in a forked launcher or worker: the pipeline is not its to stop
+        if not getattr(self, "_started", False) or getattr(self, "_stopped", True):
+            return
+        if sys.is_finalizing():
+            return  # atexit stopped it already; no thread may start now
+        # In a thread of its own: a collection runs wherever an allocation triggers it, and
+        # a stop's waits there (another pipeline's start, a lock held) hold that caller up.
+        threading.Thread(target=self.stop, name=f"{self.name}-collected", daemon=True).start()
 
-    # ----------------------------------------------------------------- the flow of items
-
-    def _feed(self) -> None:
-        """Number the source's items and put them in the first inbox."""
-        seq = 0
-        first = self._inboxes[0]
-        try:
-            source = self.source() if callable(self.source) else self.source
-            for item in source:
-                if not first.put((seq, item)):
-                    return
-                seq += 1
-        except BaseException as exc:  # noqa: BLE001 - a source's SystemExit ends it as an error
-            failure = Failure(
-                "source",
-                f"{type(exc).__name__}: {exc}",
-                traceback.format_exc(),
-                error_type_name(exc),
-            )
-            if not first.put((seq, failure)):
-                return
-            seq += 1
-        self._total = seq
-        self._inboxes[-1].wake()  # the collector may be waiting for an item that never comes
-
-    def _collect(self) -> None:
-        """Take the last stage's results, restore source order, and hand them to the consumer."""
-        last = self._inboxes[-1]
-        ready = self._ready
-        pending: dict[int, Any] = {}
-        delivered = 0
-        while not self._stop.is_set():
-            if self._total is not None and delivered >= self._total:
-                ready.put(_END)
-                return
-            try:
-                seq, payload = last.get(POLL_S, leave=lambda: self._total is not None)
-            except queue.Empty:
-                continue
-            except EOFError:
-                return
-            try:
-                payload = decode(payload)
-            except Exception as exc:  # a result that cannot be rebuilt here
-                # Of the type unpickling raised: torch's loader raises it as it is, from the
-                # queue's get in the training process.
-                payload = Failure(
-                    self.stage_names[-1],
-                    f"cannot read the result: {type(exc).__name__}: {exc}",
-                    traceback.format_exc(),
-                    error_type_name(exc),
+    def _monitor_once(self) -> bool:
+        """Replace dead workers, and the launcher if it died; ``False`` once stopping."""
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            if self._zygote is not None and not self._zygote.alive():
+                log.warning(
+                    "pipeline '%s': the worker launcher (pid %d) died; starting another",
+                    self.name,
+                    self._zygote.pid,
                 )
-            if isinstance(payload, Failure):
-                payload.source_seq = seq  # which source item it was (unordered stages too)
-            if not self.ordered:
-                if not ready.put(payload):
-                    return
-                delivered += 1
-                continue
-            pending[seq] = payload
-            while delivered in pending:
-                if not ready.put(pending.pop(delivered)):
-                    return
-                delivered += 1
+                self._zygote.close()
+                self._start_launcher()
+            for pool in self._pools:
+                pool.maintain()
+            self._drain()
+        return True
+
+    def _cannot_read(self, exc: Exception) -> Failure:
+        # Of the type unpickling raised: torch's loader raises it as it is, from the queue's
+        # get in the training process.
+        return Failure(
+            self.stage_names[-1],
+            f"cannot read the result: {type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+            error_type_name(exc),
+        )
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the last stage's results; raises ``StageFailed`` where a stage raised, and
@@ -944,3 +926,96 @@ class Pipeline:
             "wait_ms": 1000.0 * wait / taken if taken else 0.0,
             "device": "cpu",
         }
+
+
+# The pipeline's own threads hold it by a weak reference, taken for one step at a time, so
+# that a pipeline its user dropped is collected and stopped (``Pipeline.__del__``). Their
+# waits are sliced for the same reason: a wait for room holds no reference across slices.
+
+
+def _put(inbox: Inbox, message: Any, pipeline: weakref.ref[Pipeline]) -> bool:
+    """Put ``message`` in ``inbox``, waiting for room; ``False`` once the inbox closed or the
+    pipeline was collected."""
+    while not inbox.put(message, timeout=POLL_S):
+        if inbox.closed or pipeline() is None:
+            return False
+    return True
+
+
+def _monitor(pipeline: weakref.ref[Pipeline], stop: threading.Event) -> None:
+    """Replace dead workers, and the launcher if it died, until the pipeline stops."""
+    while not stop.wait(_MONITOR_S):
+        current = pipeline()
+        if current is None or not current._monitor_once():
+            return
+        del current
+
+
+def _feed(pipeline: weakref.ref[Pipeline], flow: _Flow) -> None:
+    """Number the source's items and put them in the first inbox."""
+    current = pipeline()
+    if current is None:
+        return
+    first, last, source = current._inboxes[0], current._inboxes[-1], current.source
+    del current
+    seq = 0
+    try:
+        for item in source() if callable(source) else source:
+            if not _put(first, (seq, item), pipeline):
+                return
+            seq += 1
+    except BaseException as exc:  # noqa: BLE001 - a source's SystemExit ends it as an error
+        failure = Failure(
+            "source",
+            f"{type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+            error_type_name(exc),
+        )
+        if not _put(first, (seq, failure), pipeline):
+            return
+        seq += 1
+    flow.total = seq
+    last.wake()  # the collector may be waiting for an item that never comes
+
+
+def _collect(pipeline: weakref.ref[Pipeline], flow: _Flow, stop: threading.Event) -> None:
+    """Take the last stage's results, restore source order, and hand them to the consumer."""
+    current = pipeline()
+    if current is None:
+        return
+    last, ready, ordered = current._inboxes[-1], current._ready, current.ordered
+    del current
+    pending: dict[int, Any] = {}
+    delivered = 0
+    while not stop.is_set():
+        if flow.total is not None and delivered >= flow.total:
+            _put(ready, _END, pipeline)
+            return
+        try:
+            seq, payload = last.get(POLL_S, leave=lambda: flow.total is not None)
+        except queue.Empty:
+            if pipeline() is None:
+                return
+            continue
+        except EOFError:
+            return
+        try:
+            payload = decode(payload)
+        except Exception as exc:  # a result that cannot be rebuilt here
+            current = pipeline()
+            if current is None:
+                return
+            payload = current._cannot_read(exc)
+            del current
+        if isinstance(payload, Failure):
+            payload.source_seq = seq  # which source item it was (unordered stages too)
+        if not ordered:
+            if not _put(ready, payload, pipeline):
+                return
+            delivered += 1
+            continue
+        pending[seq] = payload
+        while delivered in pending:
+            if not _put(ready, pending.pop(delivered), pipeline):
+                return
+            delivered += 1

@@ -84,12 +84,6 @@ _BLOCKING_DOTTED = {"os.read", "os.write", "os.fork", "os.waitpid", "time.sleep"
 #: as written (``first.put``); an entry covers every such call in that function. An entry that
 #: no longer matches a call fails the test, so this list never outlives the code it excuses.
 ALLOWED: dict[tuple[str, str, str], str] = {
-    ("agents/pipeline/pipeline.py", "Pipeline._feed", "first.put"): (
-        "an Inbox put: waits for room only until the pipeline stops, whose close() wakes it"
-    ),
-    ("agents/pipeline/pipeline.py", "Pipeline._collect", "ready.put"): (
-        "an Inbox put: waits for room only until the pipeline stops, whose close() wakes it"
-    ),
     ("agents/pipeline/pool.py", "StagePool._feed", "self.outbox.put"): (
         "an Inbox put: waits for room only until the pipeline stops, whose close() wakes it"
     ),

@@ -1,0 +1,80 @@
+"""A pipeline its user dropped without ``stop()`` (built per epoch and only iterated, or left
+early by ``break``) stops: its launcher, workers, threads and shared memory go, as torch's
+DataLoader ends an epoch's workers. Before, each such pipeline kept 3 processes and 5 threads
+until the interpreter's exit (5 epochs: 15 processes, 26 threads)."""
+
+import gc
+import itertools
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from agents.pipeline import Pipeline, Stage
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def big(x: int) -> bytes:
+    return bytes(200_000)  # through shared memory
+
+
+def _ours() -> tuple[int, int, list[str]]:
+    """This process's children, its threads, and the pipelines' shared-memory files."""
+    files = [f for f in os.listdir("/dev/shm") if f.startswith("intune-")]
+    return len(psutil.Process().children(recursive=True)), threading.active_count(), files
+
+
+def _settles(before: tuple[int, int, list[str]], bound_s: float = 10.0) -> tuple:
+    deadline = time.monotonic() + bound_s
+    while True:
+        gc.collect()
+        now = _ours()
+        if (now[0], now[1]) <= (before[0], before[1]) and set(now[2]) <= set(before[2]):
+            return now
+        if time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["process", "thread"])
+def test_pipelines_built_per_epoch_and_only_iterated_leave_nothing(kind):
+    before = _ours()
+    for epoch in range(4):
+        got = list(Pipeline(range(40), [Stage("sq", square, workers=2, kind=kind)]))
+        assert got == [i * i for i in range(40)], epoch
+    assert _settles(before) == before
+
+
+@pytest.mark.timeout(90)
+def test_pipelines_left_early_with_their_source_unread_leave_nothing():
+    before = _ours()
+    for epoch in range(4):
+        # An endless source, a stage whose results go through shared memory, the consumer
+        # leaves after 3: the source thread waits for room, the collector for the consumer.
+        pipeline = Pipeline(
+            itertools.count(),
+            [Stage("a", square, workers=2), Stage("b", big, workers=1)],
+            queue_size=2,
+        )
+        for n, _ in enumerate(pipeline):
+            if n == 2:
+                break
+        del pipeline
+    assert _settles(before) == before
+
+
+@pytest.mark.timeout(60)
+def test_a_pipeline_still_referenced_keeps_running():
+    pipeline = Pipeline(range(1000), [Stage("sq", square, workers=2)], queue_size=2)
+    iterator = iter(pipeline)
+    assert next(iterator) == 0
+    gc.collect()
+    time.sleep(0.5)  # its threads wait for room, holding it weakly
+    assert list(iterator) == [i * i for i in range(1, 1000)]
+    pipeline.stop()
