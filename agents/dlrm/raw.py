@@ -63,6 +63,7 @@ import tenacity
 
 from agents.dlrm.schema import FIELDS, NUM_DENSE, cache_dir
 from agents.dlrm.stages import parse
+from agents.process_lock import ProcessLock
 
 log = logging.getLogger(__name__)
 
@@ -797,6 +798,9 @@ class BadLines:
 
     policy: str = "error"
     counter: Any = None
+    # Not the counter's own multiprocessing lock: a parse worker killed while holding that
+    # one would leave it held and every other worker waiting on it (agents/process_lock.py).
+    lock: Any = None
 
     def __post_init__(self) -> None:
         if self.policy not in BAD_LINE_POLICIES:
@@ -807,7 +811,9 @@ class BadLines:
         if self.counter is None:
             import multiprocessing
 
-            self.counter = multiprocessing.Value("q", 0)
+            self.counter = multiprocessing.RawValue("q", 0)
+        if self.lock is None:
+            self.lock = ProcessLock("the count of skipped lines", timeout=60)
 
     @property
     def count(self) -> int:
@@ -816,7 +822,7 @@ class BadLines:
 
     def add(self, n: int) -> None:
         """Count ``n`` more skipped lines."""
-        with self.counter.get_lock():
+        with self.lock:
             self.counter.value += n
 
 

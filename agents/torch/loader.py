@@ -40,6 +40,7 @@ from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_
 from agents.pipeline.errors import AllocationError, as_raised_type
 from agents.pipeline.signals import deferred
 from agents.pipeline.worker import POLL_S, error_type_name
+from agents.process_lock import ProcessLock
 from agents.torch.steps import (
     EpochEnd,
     Fetch,
@@ -155,14 +156,15 @@ class DataLoader(torch.utils.data.DataLoader):
         # ValueError here), a training script written for them could not change one import.
         self._start_method = _start_method(multiprocessing_context)
         context = multiprocessing.get_context("fork")
-        self._worker_counter = context.Value("i", 0)
+        self._worker_counter = context.RawValue("i", 0)
+        self._worker_counter_lock = ProcessLock("the loader's count of workers", timeout=60)
         # In flight per queue: as many batches as torch keeps outstanding over all workers.
         self._queue_size = max(2, (prefetch_factor or 2) * max(1, num_workers))
         self._pin = pin_memory and _accelerator_available()
         # An iterable dataset's readers: torch's worker ids 0 .. readers-1 (the other stages'
         # workers count on from there), and the last epoch each began (Read says why).
         self._readers = max(1, num_workers) if self._iterable else 1
-        self._reader_epochs = context.Array("q", self._readers) if self._iterable else None
+        self._reader_epochs = context.RawArray("q", self._readers) if self._iterable else None
         self._worker_counter.value = self._readers if self._iterable else 0
         # Three locks, so that the agent's calls (metrics() every sample, apply() for an
         # allocation) never wait on an epoch switch: stopping the last epoch's workers and
@@ -202,6 +204,7 @@ class DataLoader(torch.utils.data.DataLoader):
             num_workers=workers,
             worker_init_fn=self.worker_init_fn,
             counter=self._worker_counter,
+            counter_lock=self._worker_counter_lock,
             as_workers=self.num_workers > 0,
         )
         batched = self._auto_collation
