@@ -405,6 +405,9 @@ class Pipeline:
                     self._taken += 1
             if item is _END:
                 self._ended = True
+                # Left for the pipeline's other consumers (threads that iterate it side by
+                # side): the one that took the end returned, the others waited for ever.
+                self._ready.put_front([_END])
                 return
             if isinstance(item, Failure):
                 raise StageFailed(

@@ -112,7 +112,7 @@ def _pooled_file(prefix: str, needed: int) -> tuple[str, int, mmap.mmap] | None:
     pool = _local()
     for entry in pool.files:
         _, size, region = entry
-        if region[_IN_FLIGHT] == 0 and needed <= size <= 4 * needed:
+        if region[_IN_FLIGHT] == 0 and needed <= size - _HEADER <= 4 * needed:
             return entry
     if len(pool.files) >= POOL_FILES:
         return None
@@ -296,8 +296,8 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
     finder.dump(obj)
     found = finder.found
     total = sum(_nbytes(b) for b in found)
-    if total < min_bytes:
-        return obj
+    if total < min_bytes or not found:
+        return obj  # small, or nothing to move (with min_bytes 0: no buffer at all)
     layout: dict[int, _Slot | _View] = {}
     storages: dict[int, tuple[_Slot, Any]] = {}  # data_ptr -> slot, uint8 tensor over it
     offset = 0

@@ -54,7 +54,7 @@ def test_pipelines_built_per_epoch_and_only_iterated_leave_nothing(kind):
 @pytest.mark.timeout(90)
 def test_pipelines_left_early_with_their_source_unread_leave_nothing():
     before = _ours()
-    for _epoch in range(4):
+    for _ in range(4):
         # An endless source, a stage whose results go through shared memory, the consumer
         # leaves after 3: the source thread waits for room, the collector for the consumer.
         pipeline = Pipeline(

@@ -99,3 +99,23 @@ def test_two_empty_tensors_come_back_as_two_objects():
     back = shm.unpack(shm.pack(batch, "intune-test"))
     assert back[0] is not back[1]
     assert float(back[2].sum()) == 100_000
+
+
+def _same(x):
+    return x
+
+
+def test_a_stage_that_sends_everything_through_shared_memory_takes_small_items_after_empty_ones():
+    # shm_min_bytes=0: an item with no buffer made a pooled file with no room (its header
+    # only), which the next item of a few bytes was then given: "could not broadcast input
+    # array from shape (4,) into shape (0,)", the item failed.
+    items = [None, np.float32(1.5), {}, torch.ones(3)[1:], "", b"x", [], np.zeros((0, 3))]
+    with Pipeline(items, [Stage("all-shared", _same, shm_min_bytes=0)]) as pipeline:
+        got = list(pipeline)
+    assert [type(x) for x in got] == [type(x) for x in items]
+    assert got[1] == np.float32(1.5) and torch.equal(got[3], torch.ones(2)) and got[5] == b"x"
+    assert got[7].shape == (0, 3)
+
+
+def test_an_item_with_no_buffer_stays_out_of_shared_memory_whatever_the_threshold():
+    assert shm.pack({"note": "kept"}, "intune-test", min_bytes=0) == {"note": "kept"}
