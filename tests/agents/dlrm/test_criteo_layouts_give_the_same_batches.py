@@ -307,13 +307,28 @@ def test_a_bad_row_is_named_by_file_and_row_or_skipped_and_counted(tmp_path, col
     )
     original[137] = value
     folder = _one_parquet(tmp_path / "p", rows, **{column: original})
-    with build_pipeline(folder, batch_size=50, epochs=1) as pipeline:
-        with pytest.raises(StageFailed) as failure:
-            list(pipeline)
+    chunks = formats.plan_chunks(folder, "parquet", 50)
+    reader = formats.TableReader()
+    with pytest.raises(ValueError) as failure:
+        [formats.TableParse(raw.BadLines())(reader(c)) for c in chunks]
     assert f"part-0.parquet, row 137: {says}" in str(failure.value)
+    skipped = raw.BadLines("skip")
+    sizes = [formats.TableParse(skipped)(reader(c))["labels"].size for c in chunks]
+    assert sizes == [50, 50, 49, 50]
+    assert skipped.count == 1
+
+
+def test_through_the_pipeline_a_bad_row_stops_it_or_is_skipped_and_counted(tmp_path):
+    rows = criteo_rows(200, 12)
+    labels = [float(v) for v in rows.labels]
+    labels[61] = float("nan")
+    folder = _one_parquet(tmp_path / "p", rows, label=labels)
+    with build_pipeline(folder, batch_size=50, epochs=1) as pipeline:
+        with pytest.raises(StageFailed, match=r"part-0\.parquet, row 61: label is NaN \(pass "):
+            list(pipeline)
     with build_pipeline(folder, batch_size=50, epochs=1, bad_lines="skip") as pipeline:
         sizes = [int(b["labels"].shape[0]) for b in pipeline]
-    assert sizes == [50, 50, 49, 50]
+    assert sizes == [50, 49, 50, 50]
     assert pipeline.bad_lines.count == 1
 
 
