@@ -353,3 +353,17 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch, day
         load_pipeline("dlrm", data_dir=str(days["parquet"]))
     # npy and raw text need no pyarrow.
     assert len(_batches(days["npy"], 500)) == 6  # 700, 600 and 600 rows
+
+
+def test_hex_of_fewer_digits_reads_as_its_value_and_nine_digits_is_a_bad_row(tmp_path):
+    rows = criteo_rows(6, 2)
+    values = ["1a", "0000001A", "", None, "fFfFfFfF", "123456789"]
+    folder = _one_parquet(tmp_path / "p", rows, C1=values)
+    (chunk,) = formats.plan_chunks(folder, "parquet", 10)
+    item = formats.TableReader()(chunk)
+    assert item["sparse"][:5, 0].tolist() == [0x1A, 0x1A, 0, 0, 0xFFFFFFFF]
+    assert item["sparse_present"][:, 0].tolist() == [True, True, False, False, True, False]
+    assert item["bad"].tolist() == [False] * 5 + [True]
+    assert item["problem"] == (
+        "part-0.parquet, row 5: categorical feature C1 is '123456789', not hex of at most 8 digits"
+    )
