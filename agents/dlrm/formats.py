@@ -87,12 +87,12 @@ _WHAT_IS_READ = (
     "raw text: *.tsv, *.txt, *.gz; TorchRec npy: {day}_dense.npy, {day}_sparse.npy, "
     "{day}_labels.npy; Parquet: *.parquet"
 )
-_HEX = np.full(256, 255, dtype=np.uint32)
+# A hex digit's value; 255 for any other byte.
+_HEX = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
-_SHIFTS = np.arange(28, -1, -4, dtype=np.uint32)
 
 
 @dataclass(frozen=True)
@@ -654,7 +654,10 @@ class _Rows:
         _, offsets_buffer, data_buffer = array.buffers()
         offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset : array.offset + n + 1]
         data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
-        starts, ends = offsets[:-1], offsets[1:]
+        # A slice of a row group shares the group's buffers: only this slice's bytes are used.
+        base = int(offsets[0])
+        data = data[base : int(offsets[-1])]
+        starts, ends = offsets[:-1] - base, offsets[1:] - base
         lengths = ends - starts
         present = ~null & (lengths > 0)
         long = present & (lengths > 8)
@@ -662,10 +665,12 @@ class _Rows:
         # shorter than 8 digits takes the bytes before it, masked off as leading zeros).
         padded = np.concatenate([np.zeros(8, np.uint8), data])
         at = ends[:, None] + np.arange(8)  # index into padded: ends - 8 + i, shifted by 8
-        inside = at >= starts[:, None] + 8
-        nibbles = np.where(inside, _HEX[padded[at]], 0)
+        nibbles = _HEX[padded[at]]
+        nibbles[at < starts[:, None] + 8] = 0
         not_hex = present & ~long & np.any(nibbles > 15, axis=1)
-        hashes = np.bitwise_or.reduce(nibbles << _SHIFTS, axis=1).astype(np.uint32)
+        # Two digits a byte, four bytes a big-endian uint32.
+        packed = (nibbles[:, 0::2] << 4) | (nibbles[:, 1::2] & 15)
+        hashes = np.ascontiguousarray(packed).view(">u4").reshape(n).astype(np.uint32)
         wrong = long | not_hex
 
         def say(i: int) -> str:

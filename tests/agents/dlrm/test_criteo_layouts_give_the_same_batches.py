@@ -307,13 +307,28 @@ def test_a_bad_row_is_named_by_file_and_row_or_skipped_and_counted(tmp_path, col
     )
     original[137] = value
     folder = _one_parquet(tmp_path / "p", rows, **{column: original})
-    with build_pipeline(folder, batch_size=50, epochs=1) as pipeline:
-        with pytest.raises(StageFailed) as failure:
-            list(pipeline)
+    chunks = formats.plan_chunks(folder, "parquet", 50)
+    reader = formats.TableReader()
+    with pytest.raises(ValueError) as failure:
+        [formats.TableParse(raw.BadLines())(reader(c)) for c in chunks]
     assert f"part-0.parquet, row 137: {says}" in str(failure.value)
+    skipped = raw.BadLines("skip")
+    sizes = [formats.TableParse(skipped)(reader(c))["labels"].size for c in chunks]
+    assert sizes == [50, 50, 49, 50]
+    assert skipped.count == 1
+
+
+def test_through_the_pipeline_a_bad_row_stops_it_or_is_skipped_and_counted(tmp_path):
+    rows = criteo_rows(200, 12)
+    labels = [float(v) for v in rows.labels]
+    labels[61] = float("nan")
+    folder = _one_parquet(tmp_path / "p", rows, label=labels)
+    with build_pipeline(folder, batch_size=50, epochs=1) as pipeline:
+        with pytest.raises(StageFailed, match=r"part-0\.parquet, row 61: label is NaN \(pass "):
+            list(pipeline)
     with build_pipeline(folder, batch_size=50, epochs=1, bad_lines="skip") as pipeline:
         sizes = [int(b["labels"].shape[0]) for b in pipeline]
-    assert sizes == [50, 50, 49, 50]
+    assert sizes == [50, 49, 50, 50]
     assert pipeline.bad_lines.count == 1
 
 
@@ -338,3 +353,17 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch, day
         load_pipeline("dlrm", data_dir=str(days["parquet"]))
     # npy and raw text need no pyarrow.
     assert len(_batches(days["npy"], 500)) == 6  # 700, 600 and 600 rows
+
+
+def test_hex_of_fewer_digits_reads_as_its_value_and_nine_digits_is_a_bad_row(tmp_path):
+    rows = criteo_rows(6, 2)
+    values = ["1a", "0000001A", "", None, "fFfFfFfF", "123456789"]
+    folder = _one_parquet(tmp_path / "p", rows, C1=values)
+    (chunk,) = formats.plan_chunks(folder, "parquet", 10)
+    item = formats.TableReader()(chunk)
+    assert item["sparse"][:5, 0].tolist() == [0x1A, 0x1A, 0, 0, 0xFFFFFFFF]
+    assert item["sparse_present"][:, 0].tolist() == [True, True, False, False, True, False]
+    assert item["bad"].tolist() == [False] * 5 + [True]
+    assert item["problem"] == (
+        "part-0.parquet, row 5: categorical feature C1 is '123456789', not hex of at most 8 digits"
+    )
