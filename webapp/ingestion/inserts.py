@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db import DataError, connection
+from django.db import DEFAULT_DB_ALIAS, DataError, connection, connections
 from django.db.models import Model
 
 # SQLSTATE of BatchInsertPostgres's whole-batch check (division_by_zero).
@@ -33,11 +33,20 @@ def prepared_cursor() -> Iterator[Any]:
     binds parameters on the server, so that ``execute(..., prepare=True)`` plans a statement
     once per connection instead of on every call. Django's own cursors bind on the client and
     never prepare (for transaction-pooling proxies such as PgBouncer: set
-    ``INTUNE_DB_PREPARED_STATEMENTS=False`` behind one)."""
+    ``INTUNE_DB_PREPARED_STATEMENTS=False`` behind one).
+
+    One cursor is kept per connection (a new one when the connection is replaced): making one
+    and reaching Django's connection through its proxy cost about 75 us of the 180 us of the
+    token lookup (in process, PostgreSQL), and every agent request runs one or two of these."""
     import psycopg
 
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.connection is None:
+        db.ensure_connection()
+    cursor = db.__dict__.get("intune_kept_cursor")
+    if cursor is None or cursor.connection is not db.connection or cursor.closed:
+        cursor = db.intune_kept_cursor = psycopg.Cursor(db.connection)
+    with db.wrap_database_errors:
         yield cursor
 
 

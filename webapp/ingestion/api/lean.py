@@ -142,7 +142,7 @@ class LeanBatchPost(LeanAgentRequest):
         return 200, self._headers(content, secure), content
 
     def _store(self, host_id: int, token: str, data) -> dict:
-        host = host_by_token_hash(hash_agent_token(token))
+        host = host_by_token_hash(hash_agent_token(token), agent_fields=True)
         if host is None or not host.token_matches(token) or host.pk != host_id:
             raise Fallback
         try:
