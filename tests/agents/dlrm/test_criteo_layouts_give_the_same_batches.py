@@ -294,7 +294,7 @@ def test_a_file_that_does_not_fit_is_refused_when_the_pipeline_is_built(tmp_path
         ("label", float("nan"), "label is NaN"),
         ("label", 2, "label is 2, not 0 or 1"),
         ("label", None, "label is missing"),
-        ("C3", "zz", "categorical feature C3 is 'zz', not hex of at most 8 digits"),
+        ("C3", "zzzzzzzz", "categorical feature C3 is 'zzzzzzzz', not hex of at most 8 digits"),
         ("C5", 1 << 40, "C5 is 1099511627776, not a 32-bit hash"),
     ],
     ids=["nan-label", "label-2", "null-label", "not-hex", "wide-hash"],
@@ -360,7 +360,7 @@ def test_hex_of_fewer_digits_reads_as_its_value_and_nine_digits_is_a_bad_row(tmp
     values = ["1a", "0000001A", "", None, "fFfFfFfF", "123456789"]
     folder = _one_parquet(tmp_path / "p", rows, C1=values)
     (chunk,) = formats.plan_chunks(folder, "parquet", 10)
-    item = formats.TableReader()(chunk)
+    item = formats.convert(formats.TableReader()(chunk))
     assert item["sparse"][:5, 0].tolist() == [0x1A, 0x1A, 0, 0, 0xFFFFFFFF]
     assert item["sparse_present"][:, 0].tolist() == [True, True, False, False, True, False]
     assert item["bad"].tolist() == [False] * 5 + [True]
