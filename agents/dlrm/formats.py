@@ -25,15 +25,24 @@ where missing, ``sparse`` uint32 (B, 26), ``sparse_present`` bool (B, 26). So tr
 collate, prefetch and the trainer are the same for every layout, and the same rows make the
 same batches whichever layout holds them.
 
-What a chunk read costs:
+As with raw text, ``read`` fetches and ``parse`` converts: the read stage (``TableReader``)
+hands on the chunk's rows as stored (npy: the three arrays' rows; Parquet: each column's
+values and null mask, a string column as the slice's bytes and offsets), and the parse stage
+(``TableParse``) turns them into the batch dict and checks them, so the tuner sees where the
+CPU goes. What a chunk read costs:
 
 - npy: three ranged reads (the rows of the chunk from each file, after its header); nothing
-  else of the file is read, locally or in a store;
-- parquet: the row groups the chunk spans, only the columns used (one ranged read per column
-  chunk in a store). A worker keeps the last few row groups it decoded, so a row group larger
-  than a batch is decoded once by each worker that reads chunks of it, not once per chunk;
-  its decoded columns (about 200 bytes a row, hex strings included) stay in that worker's
-  memory while it reads them: row groups of up to a few hundred thousand rows suit.
+  else of the file is read, locally or in a store; the header is read once, when the
+  pipeline is built;
+- parquet: the row groups the chunk spans, only the columns used (in a store: the footer once
+  per worker, then a ranged read per row group's columns). A worker keeps the last few row
+  groups it decoded, so a row group larger than a batch is decoded once by each worker that
+  reads chunks of it, not once per chunk; the categorical columns stay dictionary-encoded
+  (as Parquet writers store Criteo's repeating values) and are decoded a batch at a time.
+  A decoded row group stays in the worker's memory while it reads from it (measured on
+  Criteo-like rows with int64 counts: 235 bytes a row with the categoricals
+  dictionary-encoded, 419 as plain strings): row groups of up to a few hundred thousand rows
+  (tens of MB a worker) suit.
 
 How values map (documented defaults; what does not fit is said, naming the file and row):
 
