@@ -367,3 +367,16 @@ def test_hex_of_fewer_digits_reads_as_its_value_and_nine_digits_is_a_bad_row(tmp
     assert item["problem"] == (
         "part-0.parquet, row 5: categorical feature C1 is '123456789', not hex of at most 8 digits"
     )
+
+
+def test_the_fused_pipeline_and_the_cli_flag_take_the_layouts(days):
+    from agents.__main__ import build_parser
+
+    args = build_parser().parse_args(["--data-dir", "/data", "--data-format", "parquet"])
+    assert args.data_format == "parquet"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--data-format", "csv"])
+    fused = "read+parse+transform+collate"
+    with build_pipeline(days["npy"], batch_size=400, epochs=1, fuse=fused) as pipeline:
+        assert pipeline.stage_names == [fused, "prefetch"]
+        assert sum(int(b["labels"].shape[0]) for b in pipeline) == 1900
