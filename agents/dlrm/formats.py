@@ -14,6 +14,9 @@ fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one
   (another naming: ``Columns``, given as ``columns``). Files named ``_*`` or ``.*`` (Spark's
   ``_SUCCESS``, NVTabular's ``_metadata`` and ``_file_list.txt``) are left out.
 
+The files lie in the folder itself (a Spark output partitioned into sub-folders, ``date=.../``,
+is given one sub-folder at a time).
+
 ``detect_layout`` picks the layout from the file names; ``data_format`` (``--data-format``)
 forces one (``raw``, ``npy``, ``parquet``) and leaves the other files aside. A folder holding
 two layouts, or none, is refused with the files it holds named.

@@ -268,11 +268,17 @@ def test_a_file_that_does_not_fit_is_refused_when_the_pipeline_is_built(tmp_path
     text_dense = _one_parquet(tmp_path / "b", rows, I4=["x"] * 200)
     with pytest.raises(ValueError, match="part-0.parquet: column I4 is string, not a number"):
         build_pipeline(text_dense, batch_size=50)
+    (text_dense / "part-0.parquet").write_bytes(b"label,I1\n1,2\n")  # a CSV by another name
+    with pytest.raises(ValueError, match="part-0.parquet: not a Parquet file we can read"):
+        build_pipeline(text_dense, batch_size=50)
 
     npy = tmp_path / "npy"
     npy.mkdir()
     write_npy(npy, "day_0", rows)
     write_npy(npy, "day_1", rows)
+    (npy / "day_1_dense.npy").write_bytes(b"not an array")
+    with pytest.raises(ValueError, match="day_1_dense.npy: not an npy array we can read"):
+        build_pipeline(npy, batch_size=50)
     np.save(npy / "day_1_dense.npy", np.zeros((200, 12), np.float32))
     with pytest.raises(ValueError, match=r"day_1_dense\.npy: shape \(200, 12\); a TorchRec "):
         build_pipeline(npy, batch_size=50)
