@@ -102,18 +102,29 @@ def write_tsv(folder: Path, name: str, rows: CriteoRows) -> None:
     (folder / name).write_bytes(tsv_text(rows))
 
 
-def write_npy(folder: Path, day: str, rows: CriteoRows, sparse_dtype: str = "int32") -> None:
+def write_npy(
+    folder: Path,
+    day: str,
+    rows: CriteoRows,
+    sparse_dtype: str = "int32",
+    logged: bool = True,
+    flat_labels: bool = False,
+) -> None:
     """``{day}_dense.npy``, ``_sparse.npy``, ``_labels.npy`` as TorchRec's
     ``BinaryCriteoUtils.tsv_to_npys`` writes them: missing values 0, dense ``log(x + 3)`` in
-    float32, sparse hashes as ``sparse_dtype`` (an int32 holds those of 2**31 and up as
-    negatives), labels int32 (N, 1)."""
+    float32 (``logged=False``: the counts, int32), sparse hashes as ``sparse_dtype`` (an int32
+    holds those of 2**31 and up as negatives), labels int32 (N, 1) (``flat_labels``: (N,))."""
     dense = np.where(rows.dense_missing, 0, rows.dense).astype(np.int64)
-    with np.errstate(divide="ignore"):
-        logged = np.log((dense + 3).astype(np.float32), dtype=np.float32)
+    if logged:
+        with np.errstate(divide="ignore"):
+            dense = np.log((dense + 3).astype(np.float32), dtype=np.float32)
+    else:
+        dense = dense.astype(np.int32)
     sparse = np.where(rows.sparse_missing, 0, rows.sparse).astype(np.int64)
-    np.save(folder / f"{day}_dense.npy", logged)
+    labels = rows.labels.astype(np.int32)
+    np.save(folder / f"{day}_dense.npy", dense)
     np.save(folder / f"{day}_sparse.npy", sparse.astype(sparse_dtype))
-    np.save(folder / f"{day}_labels.npy", rows.labels.astype(np.int32).reshape(-1, 1))
+    np.save(folder / f"{day}_labels.npy", labels if flat_labels else labels.reshape(-1, 1))
 
 
 def parquet_table(rows: CriteoRows, dense_type: str = "int64", sparse_type: str = "hex"):  # noqa: ANN201

@@ -75,12 +75,23 @@ def _assert_same_batches(mine, theirs):
     batch_size=st.integers(1, 40),
     row_groups=st.lists(st.integers(1, 50), min_size=4, max_size=4),
     sparse_dtype=st.sampled_from(["int32", "int64"]),
+    npy_logged=st.booleans(),
+    flat_labels=st.booleans(),
     dense_type=st.sampled_from(["int64", "float64"]),
     sparse_type=st.sampled_from(["hex", "int"]),
     seed=st.integers(0, 2**16),
 )
 def test_raw_npy_and_parquet_of_the_same_rows_give_the_same_batches(
-    tmp_path_factory, days, batch_size, row_groups, sparse_dtype, dense_type, sparse_type, seed
+    tmp_path_factory,
+    days,
+    batch_size,
+    row_groups,
+    sparse_dtype,
+    npy_logged,
+    flat_labels,
+    dense_type,
+    sparse_type,
+    seed,
 ):
     rows = criteo_rows(sum(days), seed, missing=0.1)
     root = tmp_path_factory.mktemp("layouts")
@@ -92,7 +103,7 @@ def test_raw_npy_and_parquet_of_the_same_rows_give_the_same_batches(
         part = rows.part(start, start + count)
         start += count
         write_tsv(folders["tsv"], f"day_{day}.tsv", part)
-        write_npy(folders["npy"], f"day_{day}", part, sparse_dtype)
+        write_npy(folders["npy"], f"day_{day}", part, sparse_dtype, npy_logged, flat_labels)
         write_parquet(folders["parquet"] / f"day_{day}.parquet", part, group,
                       dense_type=dense_type, sparse_type=sparse_type)  # fmt: skip
     from_text = _batches(folders["tsv"], batch_size)
