@@ -95,6 +95,8 @@ _NPY_NAME = re.compile(r"^(?P<day>.+)_(?P<part>dense|sparse|labels)\.npy$")
 _NUMBER = re.compile(r"(\d+)")
 # The most an npy header takes (format 1.0 holds at most 65535 bytes of header).
 _NPY_HEAD = 65536 + 16
+# A Parquet row group larger than this is worth a word (about 60 MB decoded, per read worker).
+_LARGE_GROUP = 262_144
 _WHAT_IS_READ = (
     "raw text: *.tsv, *.txt, *.gz; TorchRec npy: {day}_dense.npy, {day}_sparse.npy, "
     "{day}_labels.npy; Parquet: *.parquet"
@@ -409,6 +411,13 @@ def _plan_parquet(
         _check_schema(name, parquet.schema_arrow, columns)
         meta = parquet.metadata
         group_rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if max(group_rows, default=0) > _LARGE_GROUP:
+            log.warning(
+                "%s: row groups of up to %d rows; each read worker decodes a whole group and "
+                "keeps it while it reads from it (about 240 bytes a row): rewrite it with "
+                "smaller row groups (pyarrow: row_group_size=%d) if the workers run short of "
+                "memory", name, max(group_rows), _LARGE_GROUP,
+            )  # fmt: skip
         group_starts = np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64)
         for start, rows in _cuts(int(group_starts[-1]), batch_size):
             first = int(np.searchsorted(group_starts, start, side="right")) - 1
@@ -548,7 +557,11 @@ class TableReader:
         key = (path, group)
         table = self._groups.pop(key, None)
         if table is None:
-            table = self._file(path).read_row_group(group, columns=self.columns.names)
+            # One thread: a worker is one CPU slot of the host's budget (pyarrow's own pool
+            # would take every core behind the tuner's back).
+            table = self._file(path).read_row_group(
+                group, columns=self.columns.names, use_threads=False
+            )
         self._groups[key] = table  # most recently used last
         while len(self._groups) > self.keep_groups:
             self._groups.popitem(last=False)
