@@ -3,7 +3,8 @@
 ``python -m benchmarks.data_layouts [--rows 200000] [--days 2] [--row-group 65536]
 [--rounds 3] [--json OUT]``
 
-Writes ``--rows`` random Criteo rows (some values missing) in ``--days`` files of each layout
+Writes ``--rows`` random Criteo rows (5% of values missing; each categorical feature drawn
+from a vocabulary of Criteo's size capped at 50,000, skewed) in ``--days`` files of each layout
 into a scratch folder: plain ``.tsv``; TorchRec's npy (``log(x + 3)`` dense float32, int32
 sparse, int32 labels, as ``BinaryCriteoUtils`` writes them); Parquet (hex-string categorical
 columns, nullable int64 dense, ``--row-group`` rows a row group, snappy). Then measures, for
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.dlrm import formats, raw
-from agents.dlrm.schema import NUM_DENSE, NUM_SPARSE
+from agents.dlrm.schema import DEFAULT_TABLE_SIZES, NUM_DENSE, NUM_SPARSE
 from agents.dlrm.workload import build_pipeline
 
 BATCH = 4096
@@ -56,14 +57,30 @@ class CriteoRows:
         return CriteoRows(*(a[start:stop] for a in vars(self).values()))
 
 
-def criteo_rows(n: int, seed: int, missing: float = 0.05, largest: int = 100_000) -> CriteoRows:
-    """``n`` random rows: counts from -3 to ``largest``, a share ``missing`` of values absent."""
+def criteo_rows(
+    n: int,
+    seed: int,
+    missing: float = 0.05,
+    largest: int = 100_000,
+    vocabularies: list[int] | None = None,
+) -> CriteoRows:
+    """``n`` random rows: counts from -3 to ``largest``, a share ``missing`` of values absent;
+    each categorical feature any 32-bit hash, or, with ``vocabularies``, one of that many
+    hashes of its own, drawn with a Zipf-like skew as Criteo's are (few values most often)."""
     rng = np.random.default_rng(seed)
+    if vocabularies is None:
+        sparse = rng.integers(0, 1 << 32, (n, NUM_SPARSE), dtype=np.uint64).astype(np.uint32)
+    else:
+        sparse = np.empty((n, NUM_SPARSE), dtype=np.uint32)
+        for i, size in enumerate(vocabularies):
+            words = rng.integers(0, 1 << 32, size, dtype=np.uint64).astype(np.uint32)
+            rank = np.minimum(rng.zipf(1.2, n), size) - 1
+            sparse[:, i] = words[rank]
     return CriteoRows(
         rng.integers(0, 2, n),
         rng.integers(-3, largest, (n, NUM_DENSE)),
         rng.random((n, NUM_DENSE)) < missing,
-        rng.integers(0, 1 << 32, (n, NUM_SPARSE), dtype=np.uint64).astype(np.uint32),
+        sparse,
         rng.random((n, NUM_SPARSE)) < missing,
     )
 
@@ -85,18 +102,29 @@ def write_tsv(folder: Path, name: str, rows: CriteoRows) -> None:
     (folder / name).write_bytes(tsv_text(rows))
 
 
-def write_npy(folder: Path, day: str, rows: CriteoRows, sparse_dtype: str = "int32") -> None:
+def write_npy(
+    folder: Path,
+    day: str,
+    rows: CriteoRows,
+    sparse_dtype: str = "int32",
+    logged: bool = True,
+    flat_labels: bool = False,
+) -> None:
     """``{day}_dense.npy``, ``_sparse.npy``, ``_labels.npy`` as TorchRec's
     ``BinaryCriteoUtils.tsv_to_npys`` writes them: missing values 0, dense ``log(x + 3)`` in
-    float32, sparse hashes as ``sparse_dtype`` (an int32 holds those of 2**31 and up as
-    negatives), labels int32 (N, 1)."""
+    float32 (``logged=False``: the counts, int32), sparse hashes as ``sparse_dtype`` (an int32
+    holds those of 2**31 and up as negatives), labels int32 (N, 1) (``flat_labels``: (N,))."""
     dense = np.where(rows.dense_missing, 0, rows.dense).astype(np.int64)
-    with np.errstate(divide="ignore"):
-        logged = np.log((dense + 3).astype(np.float32), dtype=np.float32)
+    if logged:
+        with np.errstate(divide="ignore"):
+            dense = np.log((dense + 3).astype(np.float32), dtype=np.float32)
+    else:
+        dense = dense.astype(np.int32)
     sparse = np.where(rows.sparse_missing, 0, rows.sparse).astype(np.int64)
-    np.save(folder / f"{day}_dense.npy", logged)
+    labels = rows.labels.astype(np.int32)
+    np.save(folder / f"{day}_dense.npy", dense)
     np.save(folder / f"{day}_sparse.npy", sparse.astype(sparse_dtype))
-    np.save(folder / f"{day}_labels.npy", rows.labels.astype(np.int32).reshape(-1, 1))
+    np.save(folder / f"{day}_labels.npy", labels if flat_labels else labels.reshape(-1, 1))
 
 
 def parquet_table(rows: CriteoRows, dense_type: str = "int64", sparse_type: str = "hex"):  # noqa: ANN201
@@ -176,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="data-layouts-bench-"))
     os.environ["INTUNE_CACHE"] = str(work / "cache")
     try:
-        folders = write_layouts(work, criteo_rows(args.rows, 1), args.days, args.row_group)
+        # Criteo's vocabularies, capped as the workload's tables are.
+        rows = criteo_rows(args.rows, 1, vocabularies=DEFAULT_TABLE_SIZES)
+        folders = write_layouts(work, rows, args.days, args.row_group)
         sizes = {
             name: sum(p.stat().st_size for p in folder.iterdir() if not p.name.startswith("."))
             for name, folder in folders.items()

@@ -14,6 +14,9 @@ fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one
   (another naming: ``Columns``, given as ``columns``). Files named ``_*`` or ``.*`` (Spark's
   ``_SUCCESS``, NVTabular's ``_metadata`` and ``_file_list.txt``) are left out.
 
+The files lie in the folder itself (a Spark output partitioned into sub-folders, ``date=.../``,
+is given one sub-folder at a time).
+
 ``detect_layout`` picks the layout from the file names; ``data_format`` (``--data-format``)
 forces one (``raw``, ``npy``, ``parquet``) and leaves the other files aside. A folder holding
 two layouts, or none, is refused with the files it holds named.
@@ -25,15 +28,24 @@ where missing, ``sparse`` uint32 (B, 26), ``sparse_present`` bool (B, 26). So tr
 collate, prefetch and the trainer are the same for every layout, and the same rows make the
 same batches whichever layout holds them.
 
-What a chunk read costs:
+As with raw text, ``read`` fetches and ``parse`` converts: the read stage (``TableReader``)
+hands on the chunk's rows as stored (npy: the three arrays' rows; Parquet: each column's
+values and null mask, a string column as the slice's bytes and offsets), and the parse stage
+(``TableParse``) turns them into the batch dict and checks them, so the tuner sees where the
+CPU goes. What a chunk read costs:
 
 - npy: three ranged reads (the rows of the chunk from each file, after its header); nothing
-  else of the file is read, locally or in a store;
-- parquet: the row groups the chunk spans, only the columns used (one ranged read per column
-  chunk in a store). A worker keeps the last few row groups it decoded, so a row group larger
-  than a batch is decoded once by each worker that reads chunks of it, not once per chunk;
-  its decoded columns (about 200 bytes a row, hex strings included) stay in that worker's
-  memory while it reads them: row groups of up to a few hundred thousand rows suit.
+  else of the file is read, locally or in a store; the header is read once, when the
+  pipeline is built;
+- parquet: the row groups the chunk spans, only the columns used (in a store: the footer once
+  per worker, then a ranged read per row group's columns). A worker keeps the last few row
+  groups it decoded, so a row group larger than a batch is decoded once by each worker that
+  reads chunks of it, not once per chunk; the categorical columns stay dictionary-encoded
+  (as Parquet writers store Criteo's repeating values) and are decoded a batch at a time.
+  A decoded row group stays in the worker's memory while it reads from it (measured on
+  Criteo-like rows with int64 counts: 235 bytes a row with the categoricals
+  dictionary-encoded, 419 as plain strings): row groups of up to a few hundred thousand rows
+  (tens of MB a worker) suit.
 
 How values map (documented defaults; what does not fit is said, naming the file and row):
 
@@ -83,6 +95,8 @@ _NPY_NAME = re.compile(r"^(?P<day>.+)_(?P<part>dense|sparse|labels)\.npy$")
 _NUMBER = re.compile(r"(\d+)")
 # The most an npy header takes (format 1.0 holds at most 65535 bytes of header).
 _NPY_HEAD = 65536 + 16
+# A Parquet row group larger than this is worth a word (about 60 MB decoded, per read worker).
+_LARGE_GROUP = 262_144
 _WHAT_IS_READ = (
     "raw text: *.tsv, *.txt, *.gz; TorchRec npy: {day}_dense.npy, {day}_sparse.npy, "
     "{day}_labels.npy; Parquet: *.parquet"
@@ -368,14 +382,16 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def _parquet_file(path: str, storage_options: Any, store_timeouts: Any) -> Any:
+def _parquet_file(
+    path: str, storage_options: Any, store_timeouts: Any, dictionaries: Any = None
+) -> Any:
     pa = _pyarrow()
     source: Any = path
     if raw.is_url(path):
         fs = raw.filesystem(path, storage_options, store_timeouts)
         source = _StoreFile(fs, path, store_timeouts)
     try:
-        return pa.parquet.ParquetFile(source)
+        return pa.parquet.ParquetFile(source, read_dictionary=dictionaries)
     except (pa.ArrowInvalid, OSError) as exc:
         if isinstance(exc, raw.StoreError):
             raise
@@ -395,6 +411,13 @@ def _plan_parquet(
         _check_schema(name, parquet.schema_arrow, columns)
         meta = parquet.metadata
         group_rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if max(group_rows, default=0) > _LARGE_GROUP:
+            log.warning(
+                "%s: row groups of up to %d rows; each read worker decodes a whole group and "
+                "keeps it while it reads from it (about 240 bytes a row): rewrite it with "
+                "smaller row groups (pyarrow: row_group_size=%d) if the workers run short of "
+                "memory", name, max(group_rows), _LARGE_GROUP,
+            )  # fmt: skip
         group_starts = np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64)
         for start, rows in _cuts(int(group_starts[-1]), batch_size):
             first = int(np.searchsorted(group_starts, start, side="right")) - 1
@@ -456,8 +479,10 @@ def _open(path: str, storage_options: Any, store_timeouts: Any) -> Any:
 
 @dataclass
 class TableReader:
-    """The ``read`` stage over npy days and Parquet files: a chunk's rows as the parse
-    stage's arrays, with a mask of the rows that do not fit and what is wrong with the first.
+    """The ``read`` stage over npy days and Parquet files: a chunk's rows as they are stored
+    (``TableParse`` turns them into the batch dict): for npy, the rows of each of the day's
+    three arrays; for Parquet, each column's values and null mask, a string column as its
+    bytes and offsets.
 
     A worker keeps the Parquet files it reads open and the last ``keep_groups`` row groups
     it decoded (chunks come to it in order: the next is most often in the same group)."""
@@ -473,11 +498,15 @@ class TableReader:
         self._groups: OrderedDict[tuple[str, int], Any] = OrderedDict()
 
     def __call__(self, chunk: TableChunk) -> dict[str, Any]:
-        """Read one chunk: ``labels``, ``dense``, ``sparse``, ``sparse_present``, ``bad``
-        (one flag a row), ``problem`` (the first bad row's, or ""), ``file``, ``first_row``."""
-        if chunk.layout == "npy":
-            return self._npy(chunk)
-        return self._parquet(chunk)
+        """Read one chunk: ``{"layout", "file", "first_row", "rows", "columns"}``."""
+        columns = self._npy(chunk) if chunk.layout == "npy" else self._parquet(chunk)
+        return {
+            "layout": chunk.layout,
+            "file": chunk.name,
+            "first_row": chunk.start,
+            "rows": chunk.rows,
+            "columns": columns,
+        }
 
     def _range(self, path: str, start: int, end: int) -> bytes:
         if raw.is_url(path):
@@ -495,7 +524,7 @@ class TableReader:
             )
         return data
 
-    def _npy(self, chunk: TableChunk) -> dict[str, Any]:
+    def _npy(self, chunk: TableChunk) -> dict[str, np.ndarray]:
         parts = []
         for path, (offset, dtype, width) in zip(chunk.paths, chunk.arrays, strict=True):
             kind = np.dtype(dtype)
@@ -504,19 +533,7 @@ class TableReader:
                                offset + (chunk.start + chunk.rows) * row)  # fmt: skip
             array = np.frombuffer(data, dtype=kind).reshape(chunk.rows, width)
             parts.append(array.astype(kind.newbyteorder("="), copy=False))
-        dense, sparse, labels = parts
-        rows = _Rows(chunk)
-        label = rows.labels(labels[:, 0].astype(np.float64), None, "label")
-        if dense.dtype.kind == "f":
-            # TorchRec's log(x + 3), undone; the transform applies it again.
-            with np.errstate(over="ignore", invalid="ignore"):
-                values = np.rint(np.exp(dense.astype(np.float64)) - 3.0)
-        else:
-            values = dense
-        hashes = np.empty((chunk.rows, NUM_SPARSE), dtype=np.uint32)
-        for i in range(NUM_SPARSE):
-            hashes[:, i] = rows.integers(sparse[:, i], None, f"sparse column {i}")
-        return rows.item(label, values.astype(np.float32), hashes, hashes != 0)
+        return dict(zip(NPY_PARTS, parts, strict=True))
 
     def _parquet(self, chunk: TableChunk) -> dict[str, Any]:
         pa = _pyarrow()
@@ -529,33 +546,22 @@ class TableReader:
                 f"{chunk.name}: expected {chunk.rows} rows from row {chunk.start}, found "
                 f"{table.num_rows}; the file changed after the pipeline was built"
             )
-        rows = _Rows(chunk)
         names = self.columns
-        label_column = _plain(table.column(names.label))
-        label_values, label_null = _numbers(label_column)
-        label = rows.labels(label_values, label_null, names.label)
-        dense = np.empty((chunk.rows, NUM_DENSE), dtype=np.float32)
-        for i, name in enumerate(names.dense):
-            values, null = _numbers(_plain(table.column(name)))
-            dense[:, i] = values
-            dense[null, i] = np.nan
-        hashes = np.empty((chunk.rows, NUM_SPARSE), dtype=np.uint32)
-        present = np.empty((chunk.rows, NUM_SPARSE), dtype=bool)
-        for i, name in enumerate(names.sparse):
-            column = _plain(table.column(name))
-            if pa.types.is_integer(column.type):
-                values, null = _integers(column)
-                hashes[:, i] = rows.integers(values, null, name)
-                present[:, i] = ~null
-            else:
-                hashes[:, i], present[:, i] = rows.hex(column, name)
-        return rows.item(label, dense, hashes, present)
+        return {
+            "label": _column(table, names.label),
+            "dense": [_column(table, name) for name in names.dense],
+            "sparse": [_column(table, name) for name in names.sparse],
+        }
 
     def _group(self, path: str, group: int) -> Any:
         key = (path, group)
         table = self._groups.pop(key, None)
         if table is None:
-            table = self._file(path).read_row_group(group, columns=self.columns.names)
+            # One thread: a worker is one CPU slot of the host's budget (pyarrow's own pool
+            # would take every core behind the tuner's back).
+            table = self._file(path).read_row_group(
+                group, columns=self.columns.names, use_threads=False
+            )
         self._groups[key] = table  # most recently used last
         while len(self._groups) > self.keep_groups:
             self._groups.popitem(last=False)
@@ -564,7 +570,11 @@ class TableReader:
     def _file(self, path: str) -> Any:
         parquet = self._files.pop(path, None)
         if parquet is None:
-            parquet = _parquet_file(path, self.storage_options, self.store_timeouts)
+            # Categorical strings stay dictionary-encoded as stored (Criteo's repeat): decoded
+            # a slice at a time, a row group costs a third of the time and memory.
+            parquet = _parquet_file(
+                path, self.storage_options, self.store_timeouts, list(self.columns.sparse)
+            )
         self._files[path] = parquet
         while len(self._files) > self.keep_open:
             self._files.popitem(last=False)
@@ -577,42 +587,135 @@ class TableReader:
         return state
 
 
-def _plain(column: Any) -> Any:
-    """One array of a table's column (its chunks joined), dictionaries decoded."""
+def _column(table: Any, name: str) -> dict[str, Any]:
+    """One column of a slice of a table as numpy arrays: ``values`` (numbers; 0 where null)
+    or ``offsets`` and ``data`` (strings: the slice's own bytes), and ``null``."""
     pa = _pyarrow()
+    column = table.column(name)
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
-    return array
-
-
-def _null_mask(array: Any) -> np.ndarray:
-    if array.null_count == 0:
-        return np.zeros(len(array), dtype=bool)
-    return array.is_null().to_numpy(zero_copy_only=False)
-
-
-def _numbers(array: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A numeric column's values (float64 or its ints; 0 where null) and its null mask."""
-    pa = _pyarrow()
-    null = _null_mask(array)
+    n = len(array)
+    null = (
+        array.is_null().to_numpy(zero_copy_only=False)
+        if array.null_count
+        else np.zeros(n, dtype=bool)
+    )
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        array = array.cast(pa.large_string())
+        _, offsets_buffer, data_buffer = array.buffers()
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset : array.offset + n + 1]
+        data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
+        # A slice of a row group shares the group's buffer: only this slice's bytes travel.
+        base = int(offsets[0]) if n else 0
+        data = data[base : int(offsets[-1])] if n else data[:0]
+        return {"name": name, "offsets": offsets - base, "data": data, "null": null}
     if pa.types.is_boolean(array.type):
         array = array.cast(pa.int8())
     values = array.fill_null(0).to_numpy(zero_copy_only=False)
-    return values, null
+    return {"name": name, "values": values, "null": null}
 
 
-def _integers(array: Any) -> tuple[np.ndarray, np.ndarray]:
-    null = _null_mask(array)
-    return array.fill_null(0).to_numpy(zero_copy_only=False), null
+def convert(item: dict[str, Any]) -> dict[str, Any]:
+    """The parse stage's arrays of a chunk read by ``TableReader`` (``labels``, ``dense``,
+    ``sparse``, ``sparse_present``), with ``bad`` (one flag a row that does not fit) and
+    ``problem`` (what is wrong with the first, naming file and row; "" when none is)."""
+    rows = _Rows(item["file"], item["first_row"], item["rows"])
+    columns = item["columns"]
+    n = item["rows"]
+    if item["layout"] == "npy":
+        label = rows.labels(columns["labels"][:, 0], None, "label")
+        dense = columns["dense"]
+        if dense.dtype.kind == "f":
+            # TorchRec's log(x + 3), undone; the transform applies it again.
+            with np.errstate(over="ignore", invalid="ignore"):
+                dense = np.rint(np.exp(dense.astype(np.float64)) - 3.0)
+        hashes = np.empty((n, NUM_SPARSE), dtype=np.uint32)
+        for i in range(NUM_SPARSE):
+            hashes[:, i] = rows.integers(columns["sparse"][:, i], None, f"sparse column {i}")
+        return rows.item(label, dense.astype(np.float32), hashes, hashes != 0)
+    column = columns["label"]
+    label = rows.labels(column["values"], column["null"], column["name"])
+    dense = np.empty((n, NUM_DENSE), dtype=np.float32)
+    for i, column in enumerate(columns["dense"]):
+        dense[:, i] = column["values"]
+        dense[column["null"], i] = np.nan
+    hashes = np.empty((n, NUM_SPARSE), dtype=np.uint32)
+    present = np.empty((n, NUM_SPARSE), dtype=bool)
+    strings = []
+    for i, column in enumerate(columns["sparse"]):
+        if "values" in column:
+            hashes[:, i] = rows.integers(column["values"], column["null"], column["name"])
+            present[:, i] = ~column["null"]
+        else:
+            strings.append(i)
+    if strings:
+        # Every string column in one pass (a column of a batch is too short for numpy's
+        # per-call cost not to count).
+        text = [columns["sparse"][i] for i in strings]
+        shifts = np.cumsum([0] + [c["data"].size for c in text[:-1]])
+        starts = np.concatenate([c["offsets"][:-1] + k for c, k in zip(text, shifts, strict=True)])
+        ends = np.concatenate([c["offsets"][1:] + k for c, k in zip(text, shifts, strict=True)])
+        data = np.concatenate([c["data"] for c in text])
+        null = np.concatenate([c["null"] for c in text])
+        values, here, wrong = _hex(starts, ends, data, null)
+        hashes[:, strings] = values.reshape(len(strings), n).T
+        present[:, strings] = here.reshape(len(strings), n).T
+        wrong = wrong.reshape(len(strings), n)
+        for j, i in enumerate(strings):
+            name = columns["sparse"][i]["name"]
+
+            def say(row: int, j: int = j, name: str = name) -> str:
+                at = j * n + row
+                value = bytes(data[starts[at] : ends[at]]).decode(errors="replace")
+                return f"categorical feature {name} is {value[:24]!r}, not hex of at most 8 digits"
+
+            rows.flag(wrong[j], say)
+    return rows.item(label, dense, hashes, present)
+
+
+def _hex(
+    starts: np.ndarray, ends: np.ndarray, data: np.ndarray, null: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hex strings of up to 8 digits (``data[starts[i]:ends[i]]``) as uint32 (0 where missing
+    or wrong), where a value is present, and where one is wrong (not hex, too long)."""
+    n = null.size
+    lengths = ends - starts
+    eight = lengths == 8
+    if data.size == 8 * int(eight.sum()) and data.size % 8 == 0:
+        # Criteo's own: every value 8 digits or empty, so the values lie end to end in
+        # ``data``: no gather, and most often no wrong digit.
+        nibbles = _HEX[data]
+        if not (nibbles > 15).any():
+            packed = (nibbles[0::2] << 4) | nibbles[1::2]
+            hashes = np.zeros(n, dtype=np.uint32)
+            hashes[eight] = packed.view(">u4")
+            present = ~null & eight
+            hashes[~present] = 0
+            return hashes, present, np.zeros(n, dtype=bool)
+    present = ~null & (lengths > 0)
+    long = present & (lengths > 8)
+    # The last 8 bytes of each value, from a copy with 8 zero bytes in front (a value
+    # shorter than 8 digits takes the bytes before it, masked off as leading zeros).
+    padded = np.concatenate([np.zeros(8, np.uint8), data])
+    at = ends[:, None] + np.arange(8)  # index into padded: ends - 8 + i, shifted by 8
+    nibbles = _HEX[padded[at]]
+    nibbles[at < starts[:, None] + 8] = 0
+    not_hex = present & ~long & np.any(nibbles > 15, axis=1)
+    # Two digits a byte, four bytes a big-endian uint32.
+    packed = (nibbles[:, 0::2] << 4) | (nibbles[:, 1::2] & 15)
+    hashes = np.ascontiguousarray(packed).view(">u4").reshape(n).astype(np.uint32)
+    wrong = long | not_hex
+    hashes[~present | wrong] = 0
+    return hashes, present & ~wrong, wrong
 
 
 class _Rows:
     """The rows of one chunk that do not fit, and what is wrong with the first of them."""
 
-    def __init__(self, chunk: TableChunk) -> None:
-        self.chunk = chunk
-        self.bad = np.zeros(chunk.rows, dtype=bool)
+    def __init__(self, name: str, start: int, rows: int) -> None:
+        self.name, self.start = name, start
+        self.bad = np.zeros(rows, dtype=bool)
         self.first: tuple[int, str] | None = None
 
     def flag(self, mask: np.ndarray, say: Any) -> None:
@@ -645,49 +748,13 @@ class _Rows:
         self.flag(out, lambda i: f"{name} is {values[i]}, not a 32-bit hash (0 to 2**32 - 1)")
         return np.where(out, 0, wide).astype(np.uint32)
 
-    def hex(self, array: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Hex strings of up to 8 digits as uint32, and where a value is present."""
-        pa = _pyarrow()
-        array = array.cast(pa.large_string())
-        null = _null_mask(array)
-        n = len(array)
-        _, offsets_buffer, data_buffer = array.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset : array.offset + n + 1]
-        data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
-        # A slice of a row group shares the group's buffers: only this slice's bytes are used.
-        base = int(offsets[0])
-        data = data[base : int(offsets[-1])]
-        starts, ends = offsets[:-1] - base, offsets[1:] - base
-        lengths = ends - starts
-        present = ~null & (lengths > 0)
-        long = present & (lengths > 8)
-        # The last 8 bytes of each value, from a copy with 8 zero bytes in front (a value
-        # shorter than 8 digits takes the bytes before it, masked off as leading zeros).
-        padded = np.concatenate([np.zeros(8, np.uint8), data])
-        at = ends[:, None] + np.arange(8)  # index into padded: ends - 8 + i, shifted by 8
-        nibbles = _HEX[padded[at]]
-        nibbles[at < starts[:, None] + 8] = 0
-        not_hex = present & ~long & np.any(nibbles > 15, axis=1)
-        # Two digits a byte, four bytes a big-endian uint32.
-        packed = (nibbles[:, 0::2] << 4) | (nibbles[:, 1::2] & 15)
-        hashes = np.ascontiguousarray(packed).view(">u4").reshape(n).astype(np.uint32)
-        wrong = long | not_hex
-
-        def say(i: int) -> str:
-            value = array[i].as_py()
-            return f"categorical feature {name} is {value[:24]!r}, not hex of at most 8 digits"
-
-        self.flag(wrong, say)
-        hashes[~present | wrong] = 0
-        return hashes, present & ~wrong
-
     def item(
         self, labels: np.ndarray, dense: np.ndarray, sparse: np.ndarray, present: np.ndarray
     ) -> dict[str, Any]:
         problem = ""
         if self.first is not None:
             i, what = self.first
-            problem = f"{self.chunk.name}, row {self.chunk.start + i}: {what}"
+            problem = f"{self.name}, row {self.start + i}: {what}"
         return {
             "labels": labels,
             "dense": dense,
@@ -695,8 +762,6 @@ class _Rows:
             "sparse_present": present,
             "bad": self.bad,
             "problem": problem,
-            "file": self.chunk.name,
-            "first_row": self.chunk.start,
         }
 
 
@@ -708,21 +773,23 @@ class TableParse:
 
     bad_lines: raw.BadLines
 
-    def __call__(self, chunk: dict[str, Any]) -> dict[str, np.ndarray]:
+    def __call__(self, item: dict[str, Any]) -> dict[str, np.ndarray]:
         """The parsed batch of one chunk read by ``TableReader``."""
         keys = ("labels", "dense", "sparse", "sparse_present")
+        chunk = convert(item)
         bad = chunk["bad"]
         if not bad.any():
             return {k: chunk[k] for k in keys}
         if self.bad_lines.policy == "error":
             raise ValueError(f"{chunk['problem']} (pass bad_lines='skip' to skip such rows)")
         count = int(bad.sum())
+        first = item["first_row"]
         if count == bad.size:
             raise ValueError(
-                f"{chunk['file']}, rows {chunk['first_row']}-{chunk['first_row'] + count - 1}: "
-                f"not one row fits ({chunk['problem']} on the first): is this Criteo data?"
+                f"{item['file']}, rows {first}-{first + count - 1}: not one row fits "
+                f"({chunk['problem']} on the first): is this Criteo data?"
             )
         self.bad_lines.add(count)
-        log.warning("%s: skipped %d bad row(s); first, %s", chunk["file"], count, chunk["problem"])
+        log.warning("%s: skipped %d bad row(s); first, %s", item["file"], count, chunk["problem"])
         keep = ~bad
         return {k: chunk[k][keep] for k in keys}

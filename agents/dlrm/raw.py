@@ -1,5 +1,9 @@
 """Criteo files as they come: a folder of ``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz`` or ``.txt.gz``.
 
+(A folder of TorchRec's npy days or of Parquet files is read by ``agents.dlrm.formats``, which
+also finds which layout a folder holds; the stores, timeouts and bad-line policy below are
+shared with it.)
+
 The pipeline reads the folder in chunks of ``batch_size`` lines (a file's last chunk holds
 what is left of it). It finds them by scanning every file once, decompressing the gzip
 ones, and keeps that index beside the files (``.intune-criteo-index-b<batch>.json``), or in

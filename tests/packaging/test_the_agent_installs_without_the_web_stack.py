@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 # What only the control plane or the DLRM workload needs.
 NOT_FOR_AGENTS = ["django", "rest_framework", "celery", "gunicorn", "psycopg", "redis", "torch"]
-NOT_FOR_AGENTS += ["uvicorn", "uvicorn_worker", "httptools", "uvloop"]  # the web server
+NOT_FOR_AGENTS += ["uvicorn", "uvicorn_worker", "httptools", "uvloop", "orjson"]  # the web server
 NOT_FOR_AGENTS += ["fsspec", "s3fs", "botocore", "moto"]  # object stores: the s3 extra
 NOT_FOR_AGENTS += ["pyarrow"]  # Parquet data: the parquet extra
 

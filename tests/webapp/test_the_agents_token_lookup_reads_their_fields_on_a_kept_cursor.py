@@ -2,6 +2,8 @@
 reads only the fields those paths use, and any other field still reads as stored; its prepared
 statements run on one cursor kept per database connection, replaced with the connection."""
 
+import json
+
 import pytest
 from django.db import connection
 
@@ -47,3 +49,33 @@ def test_one_cursor_is_kept_per_connection_and_replaced_with_it(make_job, make_h
         assert replaced is not first
         assert replaced.connection is connection.connection
     assert host_by_token_hash(hash_agent_token(token), agent_fields=True).pk == host.pk
+
+
+def test_the_lean_paths_read_no_deferred_field(make_job, make_host, sample, monkeypatch):
+    """A deferred field read costs a query of its own: the usual batch and re-arm read none."""
+    from webapp.ingestion.api.lean import LeanBatchPost
+    from webapp.jobs.api.lean import LeanAllocationPoll
+    from webapp.jobs.models import Job
+
+    job = make_job()
+    host, token = make_host(job)
+    loads = []
+    for model in (Host, Job):
+        original = model.refresh_from_db
+
+        def spy(self, *args, _original=original, **kwargs):
+            loads.append((type(self).__name__, kwargs.get("fields")))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(model, "refresh_from_db", spy)
+    headers = {
+        b"host": b"127.0.0.1:8000",
+        b"accept": b"*/*",
+        b"authorization": f"Agent {token}".encode(),
+    }
+    body = json.dumps({"samples": [sample(1, job.stage_names, ts=1.0e9)]}).encode()
+    post = {**headers, b"content-type": b"application/json"}
+    assert LeanBatchPost()(host.pk, "http", post, b"", body)[0] == 200
+    assert LeanAllocationPoll()(host.pk, "http", headers, b"after=1&wait=30", b"") == (1, 30.0)
+    assert loads == []
+    connection.close()  # the lean paths keep their connection; the test's flush needs it free

@@ -75,12 +75,23 @@ def _assert_same_batches(mine, theirs):
     batch_size=st.integers(1, 40),
     row_groups=st.lists(st.integers(1, 50), min_size=4, max_size=4),
     sparse_dtype=st.sampled_from(["int32", "int64"]),
+    npy_logged=st.booleans(),
+    flat_labels=st.booleans(),
     dense_type=st.sampled_from(["int64", "float64"]),
     sparse_type=st.sampled_from(["hex", "int"]),
     seed=st.integers(0, 2**16),
 )
 def test_raw_npy_and_parquet_of_the_same_rows_give_the_same_batches(
-    tmp_path_factory, days, batch_size, row_groups, sparse_dtype, dense_type, sparse_type, seed
+    tmp_path_factory,
+    days,
+    batch_size,
+    row_groups,
+    sparse_dtype,
+    npy_logged,
+    flat_labels,
+    dense_type,
+    sparse_type,
+    seed,
 ):
     rows = criteo_rows(sum(days), seed, missing=0.1)
     root = tmp_path_factory.mktemp("layouts")
@@ -92,7 +103,7 @@ def test_raw_npy_and_parquet_of_the_same_rows_give_the_same_batches(
         part = rows.part(start, start + count)
         start += count
         write_tsv(folders["tsv"], f"day_{day}.tsv", part)
-        write_npy(folders["npy"], f"day_{day}", part, sparse_dtype)
+        write_npy(folders["npy"], f"day_{day}", part, sparse_dtype, npy_logged, flat_labels)
         write_parquet(folders["parquet"] / f"day_{day}.parquet", part, group,
                       dense_type=dense_type, sparse_type=sparse_type)  # fmt: skip
     from_text = _batches(folders["tsv"], batch_size)
@@ -268,11 +279,17 @@ def test_a_file_that_does_not_fit_is_refused_when_the_pipeline_is_built(tmp_path
     text_dense = _one_parquet(tmp_path / "b", rows, I4=["x"] * 200)
     with pytest.raises(ValueError, match="part-0.parquet: column I4 is string, not a number"):
         build_pipeline(text_dense, batch_size=50)
+    (text_dense / "part-0.parquet").write_bytes(b"label,I1\n1,2\n")  # a CSV by another name
+    with pytest.raises(ValueError, match="part-0.parquet: not a Parquet file we can read"):
+        build_pipeline(text_dense, batch_size=50)
 
     npy = tmp_path / "npy"
     npy.mkdir()
     write_npy(npy, "day_0", rows)
     write_npy(npy, "day_1", rows)
+    (npy / "day_1_dense.npy").write_bytes(b"not an array")
+    with pytest.raises(ValueError, match="day_1_dense.npy: not an npy array we can read"):
+        build_pipeline(npy, batch_size=50)
     np.save(npy / "day_1_dense.npy", np.zeros((200, 12), np.float32))
     with pytest.raises(ValueError, match=r"day_1_dense\.npy: shape \(200, 12\); a TorchRec "):
         build_pipeline(npy, batch_size=50)
@@ -294,7 +311,7 @@ def test_a_file_that_does_not_fit_is_refused_when_the_pipeline_is_built(tmp_path
         ("label", float("nan"), "label is NaN"),
         ("label", 2, "label is 2, not 0 or 1"),
         ("label", None, "label is missing"),
-        ("C3", "zz", "categorical feature C3 is 'zz', not hex of at most 8 digits"),
+        ("C3", "zzzzzzzz", "categorical feature C3 is 'zzzzzzzz', not hex of at most 8 digits"),
         ("C5", 1 << 40, "C5 is 1099511627776, not a 32-bit hash"),
     ],
     ids=["nan-label", "label-2", "null-label", "not-hex", "wide-hash"],
@@ -360,10 +377,23 @@ def test_hex_of_fewer_digits_reads_as_its_value_and_nine_digits_is_a_bad_row(tmp
     values = ["1a", "0000001A", "", None, "fFfFfFfF", "123456789"]
     folder = _one_parquet(tmp_path / "p", rows, C1=values)
     (chunk,) = formats.plan_chunks(folder, "parquet", 10)
-    item = formats.TableReader()(chunk)
+    item = formats.convert(formats.TableReader()(chunk))
     assert item["sparse"][:5, 0].tolist() == [0x1A, 0x1A, 0, 0, 0xFFFFFFFF]
     assert item["sparse_present"][:, 0].tolist() == [True, True, False, False, True, False]
     assert item["bad"].tolist() == [False] * 5 + [True]
     assert item["problem"] == (
         "part-0.parquet, row 5: categorical feature C1 is '123456789', not hex of at most 8 digits"
     )
+
+
+def test_the_fused_pipeline_and_the_cli_flag_take_the_layouts(days):
+    from agents.__main__ import build_parser
+
+    args = build_parser().parse_args(["--data-dir", "/data", "--data-format", "parquet"])
+    assert args.data_format == "parquet"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--data-format", "csv"])
+    fused = "read+parse+transform+collate"
+    with build_pipeline(days["npy"], batch_size=400, epochs=1, fuse=fused) as pipeline:
+        assert pipeline.stage_names == [fused, "prefetch"]
+        assert sum(int(b["labels"].shape[0]) for b in pipeline) == 1900
