@@ -123,17 +123,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="with --pipeline dlrm, read this folder of Criteo files as they come (.tsv, "
-        ".txt, .gz, .tsv.gz; indexed once, the index kept beside them) instead of a generated "
+        ".txt, .gz, .tsv.gz; indexed once, the index kept beside them), of TorchRec npy days "
+        "or of Parquet files (see --data-format) instead of a generated "
         "dataset; or an object-store URL (s3://bucket/prefix, gs://..., any fsspec URL; "
         "needs the store's package, e.g. pip install 'intune[s3]'; credentials and endpoint "
         "from the store's usual settings, e.g. AWS_PROFILE, AWS_ENDPOINT_URL_S3)",
     )
     work.add_argument(
+        "--data-format",
+        choices=["auto", "raw", "npy", "parquet"],
+        default=None,
+        help="with --data-dir, the layout of its files: raw Criteo text, TorchRec's npy days "
+        "(day_0_dense.npy, _sparse.npy, _labels.npy) or Parquet (columns label, I1..I13, "
+        "C1..C26; needs pip install 'intune[parquet]'); default auto: found from the names",
+    )
+    work.add_argument(
         "--bad-lines",
         choices=["error", "skip"],
         default=None,
-        help="with --data-dir, what a malformed line does: 'error' stops the pipeline naming "
-        "the file and line (default), 'skip' drops it and counts it",
+        help="with --data-dir, what a malformed line (or npy/Parquet row) does: 'error' stops "
+        "the pipeline naming the file and line (default), 'skip' drops it and counts it",
     )
     work.add_argument(
         "--train",
@@ -185,6 +194,7 @@ def load_pipeline(
     fuse: str | None = None,
     data_dir: str | None = None,
     bad_lines: str | None = None,
+    data_format: str | None = None,
 ) -> Any:
     """Build the pipeline named by ``spec``: ``dlrm`` (fused as ``fuse`` says, over the
     Criteo files of ``data_dir`` with the ``bad_lines`` policy, or a generated dataset) or
@@ -196,6 +206,7 @@ def load_pipeline(
                 ("--fuse", fuse),
                 ("--data-dir", data_dir),
                 ("--bad-lines", bad_lines),
+                ("--data-format", data_format),
             )
             if value is not None
         ]
@@ -205,6 +216,8 @@ def load_pipeline(
                 f"{' and '.join(given)} {verb} to --pipeline dlrm only; a module:factory "
                 "pipeline fuses its own stages (agents.pipeline.fuse_groups) and reads its own data"
             )
+    if data_format is not None and data_dir is None:
+        raise SystemExit("--data-format applies to the files of --data-dir")
     if bad_lines is not None and data_dir is None:
         raise SystemExit(
             "--bad-lines applies to the Criteo files of --data-dir; a generated dataset has no "
@@ -214,7 +227,7 @@ def load_pipeline(
     if data_dir is not None and not url and not Path(data_dir).expanduser().is_dir():
         raise SystemExit(
             f"--data-dir {data_dir}: no such folder; give a folder of Criteo files (.tsv, .txt, "
-            ".gz, .tsv.gz)"
+            ".gz, .tsv.gz), of TorchRec npy days or of Parquet files"
         )
     from agents.pipeline.loading import load_factory
 
@@ -227,9 +240,10 @@ def load_pipeline(
         if data_dir is not None:
             where = data_dir if url else Path(data_dir).expanduser()
             options.update(data_dir=where, bad_lines=bad_lines or "error")
+            options.update(data_format=data_format or "auto")
         try:
             return factory(**options)
-        except OSError as exc:  # no Criteo files; a store that cannot be read
+        except (OSError, ImportError) as exc:  # no Criteo files; no store; no pyarrow
             raise SystemExit(f"--data-dir {data_dir}: {exc}") from exc
         except ValueError as exc:
             what = f"--fuse {fuse}" if fuse else f"--data-dir {data_dir}"
@@ -510,7 +524,9 @@ def run(argv: list[str] | None = None) -> int:
                 state.save(state_dir)
     try:
         pipeline = build_interruptibly(
-            lambda: load_pipeline(args.pipeline, args.fuse, args.data_dir, args.bad_lines),
+            lambda: load_pipeline(
+                args.pipeline, args.fuse, args.data_dir, args.bad_lines, args.data_format
+            ),
             lambda built: check_stages_match_the_job(state, built),
         )
     except StoppedWhileBuilding as exc:

@@ -92,6 +92,21 @@ def _plain_http_like_the_demo():
     plain_http.disable()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing_in_process():
+    """In-process tests hash the passwords of the people they make with Django's fast test hasher
+    (what Django's docs advise for test suites): PBKDF2's million iterations took 0.4 to 0.5 s a
+    user, paid by every test with an operator or a viewer, and again at each login. Passwords are
+    still hashed, checked and refused when wrong; the production setting (PBKDF2) is untouched,
+    and live stacks, the demo and tests/security run it."""
+    from django.test.utils import override_settings
+
+    fast = override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"])
+    fast.enable()
+    yield
+    fast.disable()
+
+
 # --- people, jobs, hosts ------------------------------------------------------------------------
 @pytest.fixture
 def make_user(db):

@@ -1,5 +1,9 @@
 """Criteo files as they come: a folder of ``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz`` or ``.txt.gz``.
 
+(A folder of TorchRec's npy days or of Parquet files is read by ``agents.dlrm.formats``, which
+also finds which layout a folder holds; the stores, timeouts and bad-line policy below are
+shared with it.)
+
 The pipeline reads the folder in chunks of ``batch_size`` lines (a file's last chunk holds
 what is left of it). It finds them by scanning every file once, decompressing the gzip
 ones, and keeps that index beside the files (``.intune-criteo-index-b<batch>.json``), or in
@@ -63,6 +67,7 @@ import tenacity
 
 from agents.dlrm.schema import FIELDS, NUM_DENSE, cache_dir
 from agents.dlrm.stages import parse
+from agents.process_lock import ProcessLock
 
 log = logging.getLogger(__name__)
 
@@ -797,6 +802,9 @@ class BadLines:
 
     policy: str = "error"
     counter: Any = None
+    # Not the counter's own multiprocessing lock: a parse worker killed while holding that
+    # one would leave it held and every other worker waiting on it (agents/process_lock.py).
+    lock: Any = None
 
     def __post_init__(self) -> None:
         if self.policy not in BAD_LINE_POLICIES:
@@ -807,7 +815,9 @@ class BadLines:
         if self.counter is None:
             import multiprocessing
 
-            self.counter = multiprocessing.Value("q", 0)
+            self.counter = multiprocessing.RawValue("q", 0)
+        if self.lock is None:
+            self.lock = ProcessLock("the count of skipped lines", timeout=60)
 
     @property
     def count(self) -> int:
@@ -816,7 +826,7 @@ class BadLines:
 
     def add(self, n: int) -> None:
         """Count ``n`` more skipped lines."""
-        with self.counter.get_lock():
+        with self.lock:
             self.counter.value += n
 
 

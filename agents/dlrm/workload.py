@@ -17,7 +17,7 @@ from typing import Any
 # (a live resize) can crash the process.
 import torch  # noqa: F401
 
-from agents.dlrm import raw
+from agents.dlrm import formats, raw
 from agents.dlrm.generate import INDEX_FILE, DatasetSpec, generate, load_index
 from agents.dlrm.schema import DEFAULT_TABLE_SIZES, STAGE_NAMES, cache_dir
 from agents.dlrm.stages import Prefetch, ReadTask, Transform, chunk_tasks, collate, parse, read
@@ -76,6 +76,8 @@ def build_pipeline(
     bad_lines: str = "error",
     storage_options: dict[str, Any] | None = None,
     store_timeouts: raw.StoreTimeouts | None = None,
+    data_format: str = "auto",
+    columns: formats.Columns | None = None,
     **options: Any,
 ) -> Pipeline:
     """Build the DLRM ingestion pipeline over a Criteo-format dataset.
@@ -91,6 +93,10 @@ def build_pipeline(
     (``s3://bucket/prefix``, ``gs://...``, any fsspec URL), read through fsspec with
     ``storage_options``, every request bounded by ``store_timeouts`` (``raw.StoreTimeouts``:
     connect 10 s, read 30 s, 60 s a request, 4 attempts); its index is kept in the cache folder.
+    ``data_dir`` may instead hold TorchRec's npy days (``day_0_dense.npy``, ``_sparse``,
+    ``_labels``) or Parquet files (columns ``label``, ``I1``..``I13``, ``C1``..``C26``, or as
+    ``columns`` says): the layout is found from the file names, or forced by ``data_format``
+    (``raw``, ``npy``, ``parquet``; ``agents.dlrm.formats`` says how each is read and mapped).
     ``epochs=None`` cycles over the data until stopped.
     Stages: read, parse, transform, collate (processes) and prefetch (a thread that hands the
     batch to ``device``). ``fuse`` runs neighbouring stages in one worker
@@ -128,10 +134,26 @@ def build_pipeline(
 
     # The stages first: a wrong fusion or count is refused before any data is generated or read.
     stages = stages_of(read, parse, max_workers)
+    if data_format not in formats.FORMATS:
+        raise ValueError(f"data_format={data_format!r}: use one of {', '.join(formats.FORMATS)}")
     chunks = None
-    if data_dir is not None and (
-        raw.is_url(data_dir) or not (Path(data_dir) / INDEX_FILE).exists()
-    ):
+    table_chunks = None
+    generated = (
+        data_dir is not None
+        and not raw.is_url(data_dir)
+        and (Path(data_dir) / INDEX_FILE).exists()
+        and data_format in ("auto", "raw")
+    )
+    layout = None
+    if data_dir is not None and not generated:
+        layout = formats.detect_layout(data_dir, data_format, storage_options, store_timeouts)
+    if layout in ("npy", "parquet"):
+        table_chunks = formats.plan_chunks(
+            data_dir, layout, batch_size, columns, storage_options, store_timeouts
+        )
+        reader = formats.TableReader(columns or formats.Columns(), storage_options, store_timeouts)
+        stages = stages_of(reader, formats.TableParse(bad), max_workers)
+    elif layout == "raw":
         chunks = raw.load_or_build_index(data_dir, batch_size, storage_options, store_timeouts)
         # Single-member gzip files are inflated in order, by one reader that keeps its place.
         ceiling = 1 if chunks.sequential else max_workers
@@ -142,8 +164,10 @@ def build_pipeline(
             raw.RawParse(bad),
             ceiling,
         )
-    if chunks is not None:
-        tasks: list[Any] = chunks.chunks
+    if table_chunks is not None:
+        tasks: list[Any] = table_chunks
+    elif chunks is not None:
+        tasks = chunks.chunks
     else:
         if data_dir is None:
             data_dir = ensure_dataset(rows, batch_size, seed, compress)
@@ -165,5 +189,5 @@ def build_pipeline(
         samples_per_item=batch_size,
         **options,
     )
-    pipeline.bad_lines = bad  # how many malformed lines were skipped (raw files)
+    pipeline.bad_lines = bad  # how many malformed lines or rows were skipped
     return pipeline

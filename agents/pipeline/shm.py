@@ -46,7 +46,7 @@ class _Slot(NamedTuple):
     kind: str  # "numpy", "torch", "bytes", "bytearray", or "storage" (what _View looks into)
     offset: int
     nbytes: int
-    dtype: str
+    dtype: Any  # str, or a numpy dtype that its string does not rebuild (_numpy_dtype)
     shape: tuple[int, ...]
 
 
@@ -157,7 +157,9 @@ def _is_buffer(obj: Any) -> bool:
     if kind is bytes or kind is bytearray:
         return True
     if kind is np.ndarray:
-        return obj.dtype != object
+        # Not an array holding Python objects (a structured dtype with an object field too):
+        # its bytes are pointers into the sending process.
+        return not obj.dtype.hasobject
     torch = _torch()
     return torch is not None and kind is torch.Tensor and _plain_tensor(obj)
 
@@ -168,6 +170,9 @@ def _plain_tensor(tensor: Any) -> bool:
         tensor.device.type == "cpu"
         and not tensor.requires_grad
         and tensor.layout == _torch().strided
+        # A nested tensor (torch.nested, the default layout) says it is strided, but has no
+        # one shape to rebuild it from: it raised "NestedTensorImpl doesn't support sizes".
+        and not tensor.is_nested
         and not tensor.is_quantized
         and not tensor.is_conj()
         and not tensor.is_neg()
@@ -313,7 +318,7 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
         if isinstance(buf, bytes | bytearray):
             layout[id(buf)] = place(nbytes, type(buf).__name__, "uint8", (nbytes,))
         elif isinstance(buf, np.ndarray):
-            layout[id(buf)] = place(nbytes, "numpy", buf.dtype.str, tuple(buf.shape))
+            layout[id(buf)] = place(nbytes, "numpy", _numpy_dtype(buf.dtype), tuple(buf.shape))
         elif buf.untyped_storage().data_ptr() in shared:
             storage = buf.untyped_storage()
             if storage.data_ptr() not in storages:
@@ -482,6 +487,14 @@ def _rebuild_buffer(slot: _Slot | _View, view: np.ndarray, copy: bool, memo: dic
         tensor.view(-1).view(torch.uint8).numpy()[:] = raw
         return tensor
     return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(slot.shape)
+
+
+def _numpy_dtype(dtype: np.dtype) -> str | np.dtype:
+    """What a slot names a numpy array's dtype by: its string, where that rebuilds it, else
+    the dtype itself (a structured one: its string, ``|V8``, dropped the field names, and a
+    record array came back as raw bytes, ``arr["label"]`` raising)."""
+    name = dtype.str
+    return name if np.dtype(name) == dtype else dtype
 
 
 def _torch_dtype(name: str) -> Any:

@@ -40,6 +40,7 @@ from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_
 from agents.pipeline.errors import AllocationError, as_raised_type
 from agents.pipeline.signals import deferred
 from agents.pipeline.worker import POLL_S, error_type_name
+from agents.process_lock import ProcessLock
 from agents.torch.steps import (
     EpochEnd,
     Fetch,
@@ -154,15 +155,23 @@ class DataLoader(torch.utils.data.DataLoader):
         # touches CUDA, which is what "spawn" and "forkserver" are chosen for. Refused (a
         # ValueError here), a training script written for them could not change one import.
         self._start_method = _start_method(multiprocessing_context)
-        context = multiprocessing.get_context("fork")
-        self._worker_counter = context.Value("i", 0)
         # In flight per queue: as many batches as torch keeps outstanding over all workers.
         self._queue_size = max(2, (prefetch_factor or 2) * max(1, num_workers))
         self._pin = pin_memory and _accelerator_available()
         # An iterable dataset's readers: torch's worker ids 0 .. readers-1 (the other stages'
-        # workers count on from there), and the last epoch each began (Read says why).
+        # workers count on from there).
         self._readers = max(1, num_workers) if self._iterable else 1
-        self._reader_epochs = context.Array("q", self._readers) if self._iterable else None
+        self._allocation: dict[str, int] = {}
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        """What the loader runs on, made anew for a copy (``__setstate__``): shared counters,
+        locks, the epoch's state and the next epoch's pipeline (at the allocation in force)."""
+        context = multiprocessing.get_context("fork")
+        self._worker_counter = context.RawValue("i", 0)
+        self._worker_counter_lock = ProcessLock("the loader's count of workers", timeout=60)
+        # The last epoch each reader of an iterable dataset began (Read says why).
+        self._reader_epochs = context.RawArray("q", self._readers) if self._iterable else None
         self._worker_counter.value = self._readers if self._iterable else 0
         # Three locks, so that the agent's calls (metrics() every sample, apply() for an
         # allocation) never wait on an epoch switch: stopping the last epoch's workers and
@@ -186,10 +195,32 @@ class DataLoader(torch.utils.data.DataLoader):
         self._epoch_iterator_ref: weakref.ref[_EpochIterator] | None = None
         self._receiver: _Receiver | None = None
         self._stats = _ConsumerStats()
-        self._allocation: dict[str, int] = {}
         # The current epoch's pipeline (unstarted between epochs): the agent's handle.
         self._pipeline = self._build_pipeline(base_seed=0)
         self._allocation = self._pipeline.allocation
+
+    # What _init_runtime makes: not copied by pickle or copy.deepcopy (locks, shared counters,
+    # a running pipeline cannot be), made anew by __setstate__.
+    _RUNTIME = (
+        "_worker_counter", "_worker_counter_lock", "_reader_epochs", "_switch_lock", "_apply_lock",
+        "_lock",
+        "_owner_pid", "_epoch", "_base_seed", "_plans", "_epoch_iterator_ref", "_receiver",
+        "_stats", "_pipeline",
+    )  # fmt: skip
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The loader's arguments and allocation, as torch's loader pickles (``copy.deepcopy``,
+        a loader handed to ``torch.multiprocessing.spawn``): its workers and epoch are not
+        copied; the copy starts its own. Before, both raised (a lock, a shared counter)."""
+        with self._lock:
+            state = {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+            state["_allocation"] = dict(self._allocation)
+        state["_iterator"] = None  # torch's persistent iterator: never ours, never copied
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # past torch's __setattr__, which refuses some once built
+        self._init_runtime()
 
     # ----------------------------------------------------------------- the pipeline
 
@@ -202,6 +233,7 @@ class DataLoader(torch.utils.data.DataLoader):
             num_workers=workers,
             worker_init_fn=self.worker_init_fn,
             counter=self._worker_counter,
+            counter_lock=self._worker_counter_lock,
             as_workers=self.num_workers > 0,
         )
         batched = self._auto_collation

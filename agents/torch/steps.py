@@ -24,6 +24,8 @@ from typing import Any
 import psutil
 import torch
 
+from agents.process_lock import ProcessLock
+
 Item = tuple[int, int, Any]
 
 
@@ -77,7 +79,11 @@ class WorkerSetup:
     base_seed: int
     num_workers: int
     worker_init_fn: Callable[[int], None] | None = None
-    counter: Any = None  # a multiprocessing.Value("i") shared by the loader's workers
+    counter: Any = None  # a multiprocessing.RawValue("i") shared by the loader's workers
+    # The counter's lock: an agents.process_lock.ProcessLock, which a worker killed while
+    # holding it cannot leave held (a multiprocessing lock it would: every later worker of the
+    # loader would wait on it for ever).
+    counter_lock: Any = None
     as_workers: bool = True
     _pid: int = field(default_factory=os.getpid)
 
@@ -115,7 +121,7 @@ class WorkerSetup:
     def _identity(self) -> tuple[int, int]:
         if self.counter is None:
             return 0, self.num_workers
-        with self.counter.get_lock():
+        with self.counter_lock:
             worker_id = self.counter.value
             self.counter.value += 1
         return worker_id, self.num_workers
@@ -220,7 +226,11 @@ class Read:
         self.begun = begun
         # Which reader each process is (its pid, 0: none yet): a reader that replaces a dead
         # one takes over the dead one's share (and worker id), whatever the runtime's slot.
-        self.owners = multiprocessing.get_context("fork").Array("q", readers)
+        self.owners = multiprocessing.get_context("fork").RawArray("q", readers)
+        # One lock for owners and begun, which a reader killed while holding it cannot leave
+        # held (agents/process_lock.py): readers are killed at any instant, and a
+        # multiprocessing lock left held would stop every later reader of the loader.
+        self.lock = ProcessLock("the loader's table of readers", timeout=60)
         self._reader: int | None = None
         self._epoch: int | None = None
         self._iterator: Any = None
@@ -278,7 +288,7 @@ class Read:
         while the dead one's is being cleared), so the slot alone does not say whose share
         it takes over. Before, such a replacement raised on every tick and the dead reader's
         share never ended: an endless epoch of errors (torch raises once, then ends it)."""
-        with self.owners.get_lock():
+        with self.lock:
             order = ([slot] if slot < self.readers else []) + list(range(self.readers))
             for reader in order:
                 if not _alive(self.owners[reader]):
@@ -291,7 +301,7 @@ class Read:
         reader that died), say why this one cannot read its share (else "")."""
         if self.begun is None:
             return ""
-        with self.begun.get_lock():
+        with self.lock:
             if self.begun[reader] >= epoch:
                 # Every tick of the epoch answers this end: the runtime hands a dead worker's
                 # ticks to its replacement in any order, so an error raised on the first one

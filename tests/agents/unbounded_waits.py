@@ -165,9 +165,9 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "around self.hosted's changes: a listener closed, or host_here() starting the hub's "
         "and the agent's threads (no network wait); the old host agent is stopped outside it"
     ),
-    ("agents/dlrm/raw.py", "BadLines.add: self.counter.get_lock()"): (
-        "a multiprocessing.Value's lock held for one integer increment (a SIGKILL inside "
-        "those few bytecodes is the only way to leave it held)"
+    ("agents/dlrm/raw.py", "BadLines.lock"): (
+        "an agents.process_lock.ProcessLock held for one integer increment; its `with` raises "
+        "TimeoutError after 60 s, and a holder that dies frees it at once"
     ),
     ("agents/dlrm/trainer.py", "Trainer._lock"): _ONLY_STATE,
     ("agents/pipeline/inbox.py", "Inbox._lock"): (
@@ -222,17 +222,16 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "runs under it"
     ),
     ("agents/torch/loader.py", "_ConsumerStats._lock"): _ONLY_STATE,
-    ("agents/torch/steps.py", "WorkerSetup._identity: self.counter.get_lock()"): (
-        "a multiprocessing.Value's lock held to read and increment one integer, once per "
-        "worker process as it starts"
+    ("agents/torch/steps.py", "WorkerSetup.counter_lock"): (
+        "an agents.process_lock.ProcessLock held to read and increment one integer, once per "
+        "worker process as it starts; its `with` raises TimeoutError after 60 s, and a holder "
+        "that dies frees it at once"
     ),
-    ("agents/torch/steps.py", "Read._claim: self.owners.get_lock()"): (
-        "a multiprocessing.Array's lock held to look through the readers' pids (a read of "
-        "/proc for each, psutil) and set one, once per reader process as it starts"
-    ),
-    ("agents/torch/steps.py", "Read._begin: self.begun.get_lock()"): (
-        "a multiprocessing.Array's lock held to compare and set one integer, once per reader "
-        "and epoch"
+    ("agents/torch/steps.py", "Read.lock"): (
+        "an agents.process_lock.ProcessLock held to look through the readers' pids (a read of "
+        "/proc for each, psutil) and set one, or to compare and set one integer, once per "
+        "reader process and epoch; its `with` raises TimeoutError after 60 s, and a holder "
+        "that dies frees it at once"
     ),
 }
 

@@ -1,6 +1,6 @@
 """The wheel installed alone (no extra) into a fresh venv is a working agent: ``intune-agent``
 runs a pipeline and streams it to a control plane, and neither Django nor torch (nor fsspec)
-came with it.
+came with it (nor pyarrow).
 
 Trainer images are built by teams that accept no web stack in them (README, "Installing").
 """
@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 # What only the control plane or the DLRM workload needs.
 NOT_FOR_AGENTS = ["django", "rest_framework", "celery", "gunicorn", "psycopg", "redis", "torch"]
-NOT_FOR_AGENTS += ["uvicorn", "uvicorn_worker", "httptools", "uvloop"]  # the web server
+NOT_FOR_AGENTS += ["uvicorn", "uvicorn_worker", "httptools", "uvloop", "orjson"]  # the web server
 NOT_FOR_AGENTS += ["fsspec", "s3fs", "botocore", "moto"]  # object stores: the s3 extra
+NOT_FOR_AGENTS += ["pyarrow"]  # Parquet data: the parquet extra
 
 
 @pytest.fixture(scope="module")

@@ -193,6 +193,44 @@ def test_bodies_django_refuses_are_refused_with_its_words(fronts, twins, body, e
     assert assert_same(fronts, twins, body)[0] == expected
 
 
+# Where orjson (the lean path's parser) and json (DRF's) read a body differently: a number out
+# of a double's range, an integer beyond 64 bits, an escaped lone surrogate, text beyond ASCII.
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        (b'"cpu_percent": 55.0', b'"cpu_percent": 1e400'),
+        (b'"cpu_percent": 55.0', b'"cpu_percent": -1e400'),
+        (b'"memory_used_mb": 4096.0', b'"memory_used_mb": 123456789012345678901234567890'),
+        (b'"memory_used_mb": 4096.0', b'"memory_used_mb": 18446744073709551615'),
+        (b'"step_ms": 8.0', b'"step_ms": 1e-320'),
+        (b'"step_ms": 8.0', b'"step_ms": 0.30000000000000004'),
+        (b'"worker_budget": 13', b'"worker_budget": 123456789012345678901234567890'),
+        (b'"worker_budget": 13', b'"worker_budget": 13.0'),
+        (b'"seq": 1', b'"seq": -9223372036854775809'),
+        (b'"device": "cpu"', b'"device": "\\ud800"'),
+        (b'"device": "cpu"', b'"device": "\\u00e9\\u4e2d"'),
+        (b'"device": "cpu"', '"device": "é中"'.encode()),
+        (b'"device": "cpu"', b'"device": "\\u0000"'),
+    ],
+)
+def test_a_body_read_otherwise_by_json_is_answered_and_stored_as_django_does(
+    fronts, twins, sample, old, new
+):
+    job, _ = twins
+    body = json.dumps(batch(job, sample, seqs=(1,))).encode()
+    assert old in body
+    assert_same(fronts, twins, body.replace(old, new, 1))
+
+
+def test_a_non_finite_value_is_never_stored_as_null():
+    from webapp.ingestion.inserts import samples_json
+
+    assert json.loads(samples_json([{"a": [1.5, None, "x"]}])) == [{"a": [1.5, None, "x"]}]
+    for value in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError):
+            samples_json([{"stages": [{"cpu_percent": value}]}])
+
+
 def test_another_hosts_token_is_403_and_a_reused_sequence_number_409(fronts, twins, sample):
     job, ((lean_host, lean_token), (django_host, django_token)) = twins
     crossed = {lean_token: django_token, django_token: lean_token}
@@ -255,3 +293,15 @@ def test_any_value_anywhere_in_a_sample_is_answered_as_django_answers_it(
         target = target[key]
     target[place[-1]] = value
     assert_same(fronts, twins, body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=JSON)
+def test_the_statement_reads_what_json_dumps_wrote(value):
+    from webapp.ingestion.inserts import samples_json
+
+    try:
+        expected = json.loads(json.dumps([value], allow_nan=False))
+    except ValueError:
+        return
+    assert json.loads(samples_json([value])) == expected

@@ -229,3 +229,78 @@ def test_what_cannot_be_read_is_said_without_a_traceback(s3, cache, tmp_path, mo
     assert "could not list s3://criteo-logs/days" in refused.stderr
     assert "check the store's credentials" in refused.stderr
     assert "Traceback" not in refused.stderr, refused.stderr
+
+
+def test_npy_days_and_parquet_in_s3_are_read_by_ranges_as_in_a_folder(
+    s3, cache, tmp_path, monkeypatch
+):
+    """TorchRec's npy days and Parquet files (``agents.dlrm.formats``) in the store: the same
+    batches as the same files in a folder, and a chunk fetches its rows, not its objects."""
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow (the parquet extra)")
+    from agents.dlrm import formats
+    from benchmarks.data_layouts import criteo_rows, write_npy, write_parquet
+
+    fs, options, _ = s3
+    rows = criteo_rows(1300, 21)
+    for layout in ("npy", "parquet"):
+        (tmp_path / layout).mkdir()
+    write_npy(tmp_path / "npy", "day_0", rows.part(0, 800))
+    write_npy(tmp_path / "npy", "day_1", rows.part(800, 1300))
+    write_parquet(tmp_path / "parquet" / "part-0.parquet", rows.part(0, 800), 300)
+    write_parquet(tmp_path / "parquet" / "part-1.parquet", rows.part(800, 1300), 300)
+    for layout in ("npy", "parquet"):
+        for path in (tmp_path / layout).iterdir():
+            fs.pipe_file(f"{BUCKET}/{layout}/{path.name}", path.read_bytes())
+        from_s3 = _table_rows(f"s3://{BUCKET}/{layout}", layout, options)
+        assert len(from_s3) == 1300
+        assert from_s3 == _table_rows(tmp_path / layout, layout)
+
+    fetched: list[tuple[str, int, int]] = []
+    fetch = type(fs)._cat_file
+    group_0 = pq.ParquetFile(tmp_path / "parquet" / "part-0.parquet").metadata.row_group(0)
+    group_0_end = max(
+        group_0.column(i).file_offset + group_0.column(i).total_compressed_size
+        for i in range(group_0.num_columns)
+    )
+
+    async def spy(self, path, start=None, end=None, **kwargs):  # the real ranged GET, noted
+        fetched.append((path.rsplit("/", 1)[-1], start, end))
+        return await fetch(self, path, start=start, end=end, **kwargs)
+
+    chunks = formats.plan_chunks(f"s3://{BUCKET}/npy", "npy", BATCH, storage_options=options)
+    monkeypatch.setattr(type(fs), "_cat_file", spy)
+    formats.TableReader(storage_options=options)(chunks[1])  # rows 500-799 of day_0
+    assert [(name, end - start) for name, start, end in fetched] == [
+        ("day_0_dense.npy", 300 * 13 * 4),
+        ("day_0_sparse.npy", 300 * 26 * 4),
+        ("day_0_labels.npy", 300 * 4),
+    ]
+    chunks = formats.plan_chunks(
+        f"s3://{BUCKET}/parquet", "parquet", BATCH, storage_options=options
+    )
+    fetched.clear()
+    size = fs.size(f"{BUCKET}/parquet/part-0.parquet")
+    assert chunks[1].groups == (1, 2)  # rows 500-799 of part-0 lie in groups of 300 rows 1 and 2
+    formats.TableReader(storage_options=options)(chunks[1])
+    # Its footer, then its row groups 1 and 2; nothing of group 0.
+    assert fetched and all(name == "part-0.parquet" for name, _, _ in fetched)
+    assert all(start >= group_0_end for _, start, _ in fetched)
+    assert sum(end - start for _, start, end in fetched) < size
+
+
+def _table_rows(location, layout, options=None) -> list[tuple]:
+    """Every row of an npy or Parquet dataset read and parsed in this process (sorted)."""
+    from agents.dlrm import formats
+    from agents.dlrm.stages import Transform
+
+    chunks = formats.plan_chunks(location, layout, BATCH, storage_options=options)
+    reader = formats.TableReader(storage_options=options)
+    parse = formats.TableParse(raw.BadLines())
+    rows = []
+    for chunk in chunks:
+        batch = Transform()(parse(reader(chunk)))
+        rows += [
+            (float(batch["labels"][i]), batch["dense"][i].tobytes(), batch["ids"][i].tobytes())
+            for i in range(batch["labels"].size)
+        ]
+    return sorted(rows)

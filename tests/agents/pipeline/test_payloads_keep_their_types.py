@@ -48,7 +48,32 @@ def _arrays() -> st.SearchStrategy:
     )
 
 
+RECORD = [("label", "<i4"), ("dense", "<f4", (3,)), ("id", ">i8")]  # a Criteo-like row
+
+
+def _records() -> st.SearchStrategy:
+    """Arrays a dataset reads from binary files: structured (record) dtypes, one with a
+    Python object among its fields, and a byte-swapped one (their string, ``|V24``, lost the
+    field names: the record came back as raw bytes)."""
+    dtypes = st.sampled_from([RECORD, [("a", "<i4"), ("note", "O")], ">f8"])
+    return st.builds(
+        lambda dtype, n: np.array([tuple(range(len(dtype)))] * n if isinstance(dtype, list)
+                                  else range(n), dtype=dtype),
+        dtypes,
+        st.integers(0, 3_000),
+    )  # fmt: skip
+
+
+def _nested_tensors() -> st.SearchStrategy:
+    """torch.nested tensors (jagged rows, the default layout: its tensors say "strided")."""
+    return st.lists(st.integers(0, 30), min_size=1, max_size=4).map(
+        lambda lengths: torch.nested.nested_tensor([torch.arange(float(n)) for n in lengths])
+    )
+
+
 LEAVES = st.one_of(
+    _records(),
+    _nested_tensors(),
     st.integers(-(2**40), 2**40),
     st.text(max_size=8),
     st.none(),
@@ -81,7 +106,11 @@ PAYLOADS = st.recursive(LEAVES, _containers, max_leaves=12)
 def assert_same(back: Any, sent: Any, where: str = "payload") -> None:
     """``back`` is ``sent``: same types all the way down, same order, same values."""
     assert type(back) is type(sent), f"{where}: {type(back).__name__} != {type(sent).__name__}"
-    if isinstance(sent, torch.Tensor):
+    if isinstance(sent, torch.Tensor) and sent.is_nested:
+        assert back.is_nested and back.layout == sent.layout, where
+        for i, (b, s) in enumerate(zip(back.unbind(), sent.unbind(), strict=True)):
+            assert_same(b, s, f"{where}.unbind()[{i}]")
+    elif isinstance(sent, torch.Tensor):
         assert back.dtype == sent.dtype and back.shape == sent.shape, where
         assert torch.equal(back, sent), where
     elif isinstance(sent, np.ndarray):

@@ -5,7 +5,7 @@ its worker (``os._exit``, SIGKILL, a segfault), sleeps past the loader's ``timeo
 an exception that torch's workers cannot rebuild (``KeyError`` with odd arguments, one whose
 ``__init__`` wants two arguments, one that cannot be pickled at all), or is an object that
 cannot be pickled (a lambda, a lock, an open file); items that are empty tensors, numpy
-arrays, strings, dataclasses or a 32 MB tensor; a ``collate_fn`` that returns odd things (a
+arrays, record arrays, strings, dataclasses, torch.nested tensors or a 32 MB tensor; a ``collate_fn`` that returns odd things (a
 generator, ``None``, a set); a ``worker_init_fn`` that raises or exits; a sampler that goes
 out of range, a ``__len__`` that lies, an iterable whose workers read different counts or
 nothing; and a training loop that skips failed batches, breaks, raises ``KeyboardInterrupt``
@@ -149,6 +149,11 @@ def make_item(i: int, kind: str):
         return None  # default_collate: TypeError
     if kind == "huge":
         return torch.full((HUGE,), float(i))
+    if kind == "record":  # a row of a binary file read with a structured dtype
+        return np.array([(i, (i, -i), i)], dtype=[("label", "<i4"), ("dense", "<f4", (2,)),
+                                                   ("id", ">i8")])  # fmt: skip
+    if kind == "jagged":  # torch.nested: rows of several lengths
+        return torch.nested.nested_tensor([torch.arange(float(i % 3 + 1)), torch.ones(2)])
     raise AssertionError(kind)
 
 
@@ -302,7 +307,7 @@ def cases(draw, max_items: int = 24) -> Case:
     kind = draw(st.sampled_from(["map", "iterable"]))
     item = draw(st.sampled_from(["tensor", "tensor", "empty", "numpy", "string", "nested",
                                  "dataclass", "huge", "complex", "bfloat16", "view", "bigint",
-                                 "none"]))  # fmt: skip
+                                 "none", "record", "jagged"]))  # fmt: skip
     n = draw(st.integers(0, 3 if item == "huge" else max_items))
     workers = draw(st.integers(0, 3))
     batch_size = draw(st.sampled_from([None, 1, 2, 3, 5]))
@@ -458,6 +463,10 @@ def _unsendable(case: Case) -> bool:
 
 def _comparable(batch):
     """numpy arrays and dataclasses compared by value (assert_same compares tensors)."""
+    if isinstance(batch, np.ndarray) and batch.dtype.names:
+        return ("record", str(batch.dtype), batch.shape, batch.tobytes())
+    if isinstance(batch, torch.Tensor) and batch.is_nested:
+        return ("nested", [_comparable(t) for t in batch.unbind()])
     if isinstance(batch, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(batch))
     if isinstance(batch, np.generic):

@@ -50,6 +50,15 @@ READERS_WHOSE_WORKER_INIT_FN_EXITS_SKIPPING_LOOP = Case(
     {"batch_size": 2, "num_workers": 3, "persistent_workers": True},
 )  # fmt: skip
 
+# Found by reading it as a DLRM team's code: record arrays (a structured dtype) came back as
+# raw bytes without their field names, torch.nested tensors failed every batch.
+RECORD_ROWS_COLLATED_BY_HAND = Case(
+    "map", 6, "record", Fault(), {"batch_size": 2, "num_workers": 2}, custom_collate=True
+)
+NESTED_TENSORS_WITHOUT_AUTO_BATCHING = Case(
+    "iterable", 4, "jagged", Fault(), {"batch_size": None, "num_workers": 1, "fuse": None}
+)
+
 
 @pytest.mark.timeout(max(120, 30 * SHORT))
 @settings(RUNS, max_examples=SHORT)
@@ -58,6 +67,8 @@ READERS_WHOSE_WORKER_INIT_FN_EXITS_SKIPPING_LOOP = Case(
 @example(case=A_WORKER_INIT_FN_THAT_RAISES_THEN_A_SECOND_EPOCH)
 @example(case=WORKERS_THAT_ALL_DIE_IN_TWO_STAGES)
 @example(case=READERS_WHOSE_WORKER_INIT_FN_EXITS_SKIPPING_LOOP)
+@example(case=RECORD_ROWS_COLLATED_BY_HAND)
+@example(case=NESTED_TENSORS_WITHOUT_AUTO_BATCHING)
 @given(case=cases(max_items=16))
 def test_generated_hostile_user_code_never_hangs_and_fails_as_torch(case):
     run_case(case)

@@ -29,6 +29,7 @@ import logging
 import time
 from types import SimpleNamespace
 
+import orjson
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, connection
 from django.http import HttpRequest, HttpResponse
@@ -104,9 +105,15 @@ class LeanBatchPost(LeanAgentRequest):
         if token is None:
             return None
         try:
-            # DRF's parser: UTF-8 strictly, NaN and the infinities refused.
-            data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-        except (ValueError, RecursionError):
+            # orjson, for a third of the CPU of json.loads (60 against 166 us a batch of 5 x 8).
+            # It refuses all DRF's parser refuses (invalid UTF-8, NaN and the infinities) and
+            # more, which then goes to Django: a number out of a double's range (1e400, which
+            # json reads as inf), an escaped lone surrogate, a nesting over 1,024. The one thing
+            # it reads otherwise is an integer beyond 64 bits, as a float: the validation refuses
+            # that in an integer's place (Django refuses the int too), and in a float's place the
+            # value stored is the same double.
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
             return None
         # This thread keeps its database connection from one batch to the next (Django's
         # handler gives it back to the pool after every request, and the pool checks it with a
@@ -135,7 +142,7 @@ class LeanBatchPost(LeanAgentRequest):
         return 200, self._headers(content, secure), content
 
     def _store(self, host_id: int, token: str, data) -> dict:
-        host = host_by_token_hash(hash_agent_token(token))
+        host = host_by_token_hash(hash_agent_token(token), agent_fields=True)
         if host is None or not host.token_matches(token) or host.pk != host_id:
             raise Fallback
         try:
@@ -172,10 +179,6 @@ class LeanBatchPost(LeanAgentRequest):
         if security is None:
             security = self._security[secure] = _middleware_headers(secure)
         return [*VIEW_HEADERS, ("Content-Length", str(len(content))), *security]
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _middleware_headers(secure: bool) -> list[tuple[str, str]]:

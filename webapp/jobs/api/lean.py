@@ -57,7 +57,7 @@ class LeanAllocationPoll(LeanAgentRequest):
         kept = connection.connection is not None
         for attempt in (1, 2):
             try:
-                host = host_by_token_hash(hash_agent_token(token))
+                host = host_by_token_hash(hash_agent_token(token), agent_fields=True)
                 break
             except DatabaseError:
                 connection.close()
