@@ -19,6 +19,9 @@ def test_fifty_agents_at_one_hertz_lose_nothing(live_stack):
         seconds=15,
         processes=2,
         long_poll=True,
+        # Each agent holds one long-poll the length of the run: at the default (20 s) the run
+        # waited for those polls 7 s past its 15 s of load.
+        long_poll_wait=15,
     )
     stored = live_stack.stored_samples(figures["job_id"])
     assert figures["errors"] == 0, figures["first_errors"]

@@ -44,13 +44,16 @@ def roll_up_host(host: Host, *, raw_before: float, step: int, delete_before: flo
     ):
         stage_rows[row["sample_id"]].append(row)
     HostSample.objects.filter(id__in=[r["id"] for r in raw]).delete()
-    for rows in buckets.values():
+    # The rolled samples in one statement and their stages in another (a statement or two per
+    # bucket before: 2,160 for a day's 18 hours of 1 Hz samples, 4 s of a 13 s roll-up).
+    groups = list(buckets.values())
 
-        def mean(field, rows=rows):
-            values = [r[field] for r in rows if r[field] is not None]
-            return fmean(values) if values else None
+    def mean(field, rows):
+        values = [r[field] for r in rows if r[field] is not None]
+        return fmean(values) if values else None
 
-        rolled = HostSample.objects.create(
+    rolled_samples = HostSample.objects.bulk_create(
+        HostSample(
             host=host,
             seq=min(r["seq"] for r in rows),
             ts=fmean(r["ts"] for r in rows),
@@ -60,13 +63,17 @@ def roll_up_host(host: Host, *, raw_before: float, step: int, delete_before: flo
             worker_budget=rows[-1]["worker_budget"],
             # Each rank's own figures (RankSample) are kept at full resolution only.
             ranks=rows[-1]["ranks"],
-            **{field: mean(field) for field in HOST_SERIES},
+            **{field: mean(field, rows) for field in HOST_SERIES},
         )
+        for rows in groups
+    )
+    rolled_stages = []
+    for rolled, rows in zip(rolled_samples, groups, strict=True):
         per_stage: dict[str, list[dict]] = defaultdict(list)
         for r in rows:
             for stage_row in stage_rows[r["id"]]:
                 per_stage[stage_row["stage"]].append(stage_row)
-        StageSample.objects.bulk_create(
+        rolled_stages += [
             StageSample(
                 sample=rolled,
                 host=host,
@@ -82,6 +89,7 @@ def roll_up_host(host: Host, *, raw_before: float, step: int, delete_before: flo
                 },
             )
             for stage, items in per_stage.items()
-        )
+        ]
+    StageSample.objects.bulk_create(rolled_stages, batch_size=5000)
     deleted, _ = HostSample.objects.filter(host=host, ts__lt=delete_before).delete()
     return {"rolled_up": len(raw), "deleted": deleted}

@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             stop.wait(0.5)
         return 0
     finally:
-        group.stop_all()
+        # The agent first, while the web server takes its last samples; then the web server,
+        # worker and beat at once: none needs another to stop cleanly.
+        group.stop("agent")
+        group.stop_all(together=True)
         if embedded is not None:
             embedded.stop()
         log.info("every process stopped")

@@ -75,7 +75,8 @@ class ProcessGroup:
         """Stop every child, the last started first, each within ``timeout``. ``together``
         signals them all at once and then waits for each (the whole group stops within one
         ``timeout``, not one per child): for a throwaway stack, where no child needs another
-        to stop cleanly (an agent's last batch needs the web server up; the demo stops in turn)."""
+        to stop cleanly (an agent's last batch needs the web server up: the demo stops its agent
+        first, then the rest together)."""
         if together:
             deadline = time.monotonic() + timeout
             for process in self.children.values():
