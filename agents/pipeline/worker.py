@@ -281,7 +281,8 @@ def _restore_group_signals() -> None:
         try:
             if signal.getsignal(signum) is _ignore_signal:
                 signal.signal(
-                    signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+                    signum,
+                    signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL,
                 )
         except (ValueError, OSError):  # pragma: no cover - forked from a thread: not main
             pass
