@@ -17,6 +17,7 @@ shared array the pipeline reads for metrics.
 
 from __future__ import annotations
 
+import os
 import pickle
 import queue
 import signal
@@ -236,10 +237,55 @@ def serve_process(spec: WorkerSpec, items_fd: int, results_fd: int) -> None:
         shm.release_pool()
 
 
-def ignore_group_signals() -> None:
-    """Ignore ``GROUP_SIGNALS`` in this process (a worker, or the launcher)."""
+def ignore_group_signals(in_children: bool = False) -> None:
+    """Ignore ``GROUP_SIGNALS`` in this process (a worker, or the launcher); ``in_children``
+    (the launcher, whose children are workers): in the processes it forks too.
+
+    Ignored by a handler that does nothing, not ``SIG_IGN``, and put back to Python's defaults
+    in what a worker forks: whatever the user's code in a worker starts (a
+    ``multiprocessing.Pool``, a ``subprocess``) gets the signals as it would anywhere. With
+    ``SIG_IGN``, which a forked child and an ``exec`` inherit, a ``Pool`` in ``__getitem__``
+    hung its worker for ever (``Pool.terminate()`` SIGTERMs its processes and joins them:
+    they ignored it) and left its processes behind when the pipeline stopped, unkillable by
+    SIGTERM. An ``exec`` puts a handler back to the default by itself; a fork keeps it, so
+    ``os.register_at_fork`` does it in the children of workers."""
+    global _restore_in_children
+    _restore_in_children = not in_children
     for signum in GROUP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+        signal.signal(signum, _ignore_signal)
+    _register_restore()
+
+
+def _ignore_signal(signum: int, frame: Any) -> None:
+    """``GROUP_SIGNALS``' handler in a worker or a launcher: nothing (see above)."""
+
+
+# Whether a fork of this process puts GROUP_SIGNALS back to Python's defaults in the child.
+_restore_in_children = False
+_restore_registered = False
+
+
+def _register_restore() -> None:
+    global _restore_registered
+    if not _restore_registered:
+        os.register_at_fork(after_in_child=_restore_group_signals)
+        _restore_registered = True
+
+
+def _restore_group_signals() -> None:
+    global _restore_in_children
+    if not _restore_in_children:
+        return
+    _restore_in_children = False  # the child's own forks are its business again
+    for signum in GROUP_SIGNALS:
+        try:
+            if signal.getsignal(signum) is _ignore_signal:
+                signal.signal(
+                    signum,
+                    signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL,
+                )
+        except (ValueError, OSError):  # pragma: no cover - forked from a thread: not main
+            pass
 
 
 def _settle_process(spec: WorkerSpec) -> None:

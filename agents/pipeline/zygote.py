@@ -215,7 +215,8 @@ def _launcher(
     prefix: str | None,
 ) -> None:
     """The launcher's loop: fork workers on request, reap them, and leave with the pipeline."""
-    ignore_group_signals()  # it leaves with the pipeline's process, not with the group
+    # It leaves with the pipeline's process, not with the group; so do its workers.
+    ignore_group_signals(in_children=True)
     children: dict[int, tuple[int, int]] = {}  # pid -> where its exit status goes
     try:
         while True:
