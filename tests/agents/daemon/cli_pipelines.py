@@ -26,10 +26,10 @@ def build_whose_first_measurement_fails() -> Pipeline:
     measure = pipeline.metrics
     calls = itertools.count()
 
-    def metrics() -> list[dict]:
+    def metrics(**options) -> list[dict]:  # by_unit=..., as Pipeline.metrics takes
         if next(calls) == 0:
             raise RuntimeError("the first measurement fails (a test)")
-        return measure()
+        return measure(**options)
 
     pipeline.metrics = metrics
     return pipeline
