@@ -47,6 +47,7 @@ from agents.torch.steps import (
     Item,
     Read,
     SamplerFailed,
+    Skipped,
     Step,
     WorkerSetup,
     set_reader_slot,
@@ -372,9 +373,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _epoch_items(self, epoch: int) -> Iterator[Item]:
         """What the source feeds for one epoch: index lists then ``EpochEnd``, or (iterable
-        datasets) endless ticks that the reader answers."""
+        datasets) endless ticks that the readers answer, numbered (see ``Read``)."""
         if self._iterable:
-            return zip(itertools.repeat(epoch), itertools.repeat(0), itertools.repeat(None))
+            return zip(itertools.repeat(epoch), itertools.repeat(0), itertools.count())
         indices = iter(self._index_sampler)
         # Draw the first batch here, in the caller's thread, as torch's iterator does when it
         # starts: a sampler seeded from the global RNG takes its seed now, not in our feeder.
@@ -570,8 +571,8 @@ class _EpochIterator:
         try:
             while True:
                 epoch, samples, payload = self.receiver.next(self._timeout)
-                if epoch != self.epoch:
-                    continue  # what is left of an abandoned epoch is dropped
+                if epoch != self.epoch or isinstance(payload, Skipped):
+                    continue  # what is left of an abandoned epoch is dropped; see Skipped
                 if isinstance(payload, EpochEnd):
                     # Several readers: the epoch ends with the last one's share.
                     first = payload.reader not in self._readers_ended
