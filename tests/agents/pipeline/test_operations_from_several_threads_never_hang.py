@@ -140,6 +140,8 @@ def run_case(case: Case) -> None:
         stop_timeout_s=STOP_TIMEOUT_S,
     )
     threads_before = threading.active_count()
+    # Processes the session had before the case (a session fixture's server, say) are not its.
+    children_before = {c.pid for c in psutil.Process().children(recursive=True)}
     done, stalls, outcomes = threading.Event(), [], []
     taken: list[list[int]] = [[] for _ in range(case.consumers)]
 
@@ -206,10 +208,10 @@ def run_case(case: Case) -> None:
         assert every == list(range(len(every))), "an item was lost before the stop"
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and (
-        psutil.Process().children(recursive=True) or threading.active_count() > threads_before
+        _new_children(children_before) or threading.active_count() > threads_before
     ):
         time.sleep(0.05)
-    assert not psutil.Process().children(recursive=True), "a process outlived the stop"
+    assert not _new_children(children_before), "a process outlived the stop"
     assert threading.active_count() <= threads_before, "a thread outlived the stop"
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(prefix)], "a file was left"
 
@@ -220,6 +222,10 @@ RUNS = settings(
     print_blob=True,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
+
+
+def _new_children(before: set[int]) -> list[psutil.Process]:
+    return [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
 
 
 @pytest.mark.timeout(300)
