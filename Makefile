@@ -6,12 +6,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 INSTALLED := $(VENV)/.installed
+# pytest processes for `make test` (pytest-xdist); files are handed out whole (--dist loadfile),
+# so that a module's live stack or other module-scoped fixture is started once. soak stays serial.
+TEST_WORKERS ?= 1
 
 .PHONY: demo test soak bench lint format clean help
 
 help:
 	@echo "make demo    run the control plane, a Celery worker and a demo agent on http://127.0.0.1:8000"
-	@echo "make test    install everything and run the test suite"
+	@echo "make test    install everything and run the test suite (TEST_WORKERS=2: two pytest processes)"
 	@echo "make soak    the long reliability and load runs (docs/reliability.md)"
 	@echo "make bench   the pipeline and tuner benchmarks (docs/benchmarks.md)"
 	@echo "make lint    ruff"
@@ -31,7 +34,7 @@ demo: $(INSTALLED)
 test: $(INSTALLED)
 	bash scripts/ensure-test-tools
 	$(PY) -m ruff check agents tuner webapp benchmarks tests
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 soak: $(INSTALLED)
 	$(PY) -m pytest -m soak --run-soak $(PYTEST_ARGS)
