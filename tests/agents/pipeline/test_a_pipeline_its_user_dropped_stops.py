@@ -23,17 +23,28 @@ def big(x: int) -> bytes:
     return bytes(200_000)  # through shared memory
 
 
-def _ours() -> tuple[int, int, list[str]]:
-    """This process's children, its threads, and the pipelines' shared-memory files."""
-    files = [f for f in os.listdir("/dev/shm") if f.startswith("intune-")]
+def _made(prefixes: list[str], *args, **kwargs) -> Pipeline:
+    """A pipeline, its shared-memory prefix noted in ``prefixes``: the files checked are those of
+    the test's own pipelines, not another test process's on this host (pytest -n)."""
+    pipeline = Pipeline(*args, **kwargs)
+    prefixes.append(pipeline._prefix)
+    return pipeline
+
+
+def _ours(prefixes: list[str]) -> tuple[int, int, list[str]]:
+    """This process's children, its threads, and the shared-memory files of the pipelines
+    whose prefixes are in ``prefixes``."""
+    files = [f for f in os.listdir("/dev/shm") if f.startswith(tuple(f"{p}-" for p in prefixes))]
     return len(psutil.Process().children(recursive=True)), threading.active_count(), files
 
 
-def _settles(before: tuple[int, int, list[str]], bound_s: float = 10.0) -> tuple:
+def _settles(
+    before: tuple[int, int, list[str]], prefixes: list[str], bound_s: float = 10.0
+) -> tuple:
     deadline = time.monotonic() + bound_s
     while True:
         gc.collect()
-        now = _ours()
+        now = _ours(prefixes)
         if (now[0], now[1]) <= (before[0], before[1]) and set(now[2]) <= set(before[2]):
             return now
         if time.monotonic() > deadline:
@@ -44,20 +55,23 @@ def _settles(before: tuple[int, int, list[str]], bound_s: float = 10.0) -> tuple
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["process", "thread"])
 def test_pipelines_built_per_epoch_and_only_iterated_leave_nothing(kind):
-    before = _ours()
+    prefixes: list[str] = []
+    before = _ours(prefixes)
     for epoch in range(4):
-        got = list(Pipeline(range(40), [Stage("sq", square, workers=2, kind=kind)]))
+        got = list(_made(prefixes, range(40), [Stage("sq", square, workers=2, kind=kind)]))
         assert got == [i * i for i in range(40)], epoch
-    assert _settles(before) == before
+    assert _settles(before, prefixes) == before
 
 
 @pytest.mark.timeout(90)
 def test_pipelines_left_early_with_their_source_unread_leave_nothing():
-    before = _ours()
+    prefixes: list[str] = []
+    before = _ours(prefixes)
     for _ in range(4):
         # An endless source, a stage whose results go through shared memory, the consumer
         # leaves after 3: the source thread waits for room, the collector for the consumer.
-        pipeline = Pipeline(
+        pipeline = _made(
+            prefixes,
             itertools.count(),
             [Stage("a", square, workers=2), Stage("b", big, workers=1)],
             queue_size=2,
@@ -66,7 +80,7 @@ def test_pipelines_left_early_with_their_source_unread_leave_nothing():
             if n == 2:
                 break
         del pipeline
-    assert _settles(before) == before
+    assert len(prefixes) == 4 and _settles(before, prefixes) == before
 
 
 @pytest.mark.timeout(60)
