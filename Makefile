@@ -8,7 +8,8 @@ PIP := $(PY) -m pip
 INSTALLED := $(VENV)/.installed
 # pytest processes for `make test` (pytest-xdist); files are handed out whole (--dist loadfile),
 # so that a module's live stack or other module-scoped fixture is started once. soak stays serial.
-TEST_WORKERS ?= 1
+# Two on any host: most tests wait on child processes and live stacks (TEST_WORKERS=1: serial).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test soak bench lint format clean help
 
