@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import multiprocessing
 import os
 import tempfile
 import threading
 import time
 import weakref
 
-__all__ = ["ProcessLock"]
+__all__ = ["ProcessLock", "SharedCount"]
 
 # The first retries are quick (a holder keeps it for microseconds), later ones back off.
 _FIRST_PAUSE_S = 0.0005
@@ -97,6 +98,27 @@ class ProcessLock:
         # Another thread of the parent may have held the thread lock at the fork; no such
         # thread exists here. The record lock is the parent's, not inherited: nothing to undo.
         self._threads = threading.Lock()
+
+
+class SharedCount:
+    """An integer shared with the processes forked from this one, changed under a
+    :class:`ProcessLock` (``name`` says what it counts, in that lock's error)."""
+
+    def __init__(self, name: str, start: int = 0, *, timeout: float = 60.0):
+        self._value = multiprocessing.get_context("fork").RawValue("q", start)
+        self._lock = ProcessLock(name, timeout=timeout)
+
+    @property
+    def value(self) -> int:
+        """The count now."""
+        return int(self._value.value)
+
+    def add(self, n: int = 1) -> int:
+        """Add ``n``; the count before."""
+        with self._lock:
+            before = self._value.value
+            self._value.value = before + n
+        return int(before)
 
 
 _forked: weakref.WeakSet[ProcessLock] = weakref.WeakSet()

@@ -67,7 +67,7 @@ import tenacity
 
 from agents.dlrm.schema import FIELDS, NUM_DENSE, cache_dir
 from agents.dlrm.stages import parse
-from agents.process_lock import ProcessLock
+from agents.process_lock import SharedCount
 
 log = logging.getLogger(__name__)
 
@@ -801,10 +801,9 @@ class BadLines:
     worker processes: ``count`` lives in shared memory)."""
 
     policy: str = "error"
+    # A SharedCount: a parse worker killed while changing it cannot leave its lock held
+    # (a multiprocessing Value's lock it would, and every other worker would wait on it).
     counter: Any = None
-    # Not the counter's own multiprocessing lock: a parse worker killed while holding that
-    # one would leave it held and every other worker waiting on it (agents/process_lock.py).
-    lock: Any = None
 
     def __post_init__(self) -> None:
         if self.policy not in BAD_LINE_POLICIES:
@@ -813,21 +812,16 @@ class BadLines:
                 "'skip' (drop the line and count it)"
             )
         if self.counter is None:
-            import multiprocessing
-
-            self.counter = multiprocessing.RawValue("q", 0)
-        if self.lock is None:
-            self.lock = ProcessLock("the count of skipped lines", timeout=60)
+            self.counter = SharedCount("the count of skipped lines")
 
     @property
     def count(self) -> int:
         """Malformed lines skipped so far (every epoch counts them again)."""
-        return int(self.counter.value)
+        return self.counter.value
 
     def add(self, n: int) -> None:
         """Count ``n`` more skipped lines."""
-        with self.lock:
-            self.counter.value += n
+        self.counter.add(n)
 
 
 @dataclass

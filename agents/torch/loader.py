@@ -40,7 +40,7 @@ from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_
 from agents.pipeline.errors import AllocationError, as_raised_type
 from agents.pipeline.signals import deferred
 from agents.pipeline.worker import POLL_S, error_type_name
-from agents.process_lock import ProcessLock
+from agents.process_lock import SharedCount
 from agents.torch.steps import (
     EpochEnd,
     Fetch,
@@ -169,11 +169,11 @@ class DataLoader(torch.utils.data.DataLoader):
         """What the loader runs on, made anew for a copy (``__setstate__``): shared counters,
         locks, the epoch's state and the next epoch's pipeline (at the allocation in force)."""
         context = multiprocessing.get_context("fork")
-        self._worker_counter = context.RawValue("i", 0)
-        self._worker_counter_lock = ProcessLock("the loader's count of workers", timeout=60)
+        self._worker_counter = SharedCount(
+            "the loader's count of workers", start=self._readers if self._iterable else 0
+        )
         # The last epoch each reader of an iterable dataset began (Read says why).
         self._reader_epochs = context.RawArray("q", self._readers) if self._iterable else None
-        self._worker_counter.value = self._readers if self._iterable else 0
         # Three locks, so that the agent's calls (metrics() every sample, apply() for an
         # allocation) never wait on an epoch switch: stopping the last epoch's workers and
         # starting the next's took the agent's sampling thread seconds on a loaded host.
@@ -203,8 +203,7 @@ class DataLoader(torch.utils.data.DataLoader):
     # What _init_runtime makes: not copied by pickle or copy.deepcopy (locks, shared counters,
     # a running pipeline cannot be), made anew by __setstate__.
     _RUNTIME = (
-        "_worker_counter", "_worker_counter_lock", "_reader_epochs", "_switch_lock", "_apply_lock",
-        "_lock",
+        "_worker_counter", "_reader_epochs", "_switch_lock", "_apply_lock", "_lock",
         "_owner_pid", "_epoch", "_base_seed", "_plans", "_epoch_iterator_ref", "_receiver",
         "_stats", "_pipeline",
     )  # fmt: skip
@@ -234,7 +233,6 @@ class DataLoader(torch.utils.data.DataLoader):
             num_workers=workers,
             worker_init_fn=self.worker_init_fn,
             counter=self._worker_counter,
-            counter_lock=self._worker_counter_lock,
             as_workers=self.num_workers > 0,
         )
         batched = self._auto_collation

@@ -92,11 +92,10 @@ class WorkerSetup:
     base_seed: int
     num_workers: int
     worker_init_fn: Callable[[int], None] | None = None
-    counter: Any = None  # a multiprocessing.RawValue("i") shared by the loader's workers
-    # The counter's lock: an agents.process_lock.ProcessLock, which a worker killed while
-    # holding it cannot leave held (a multiprocessing lock it would: every later worker of the
-    # loader would wait on it for ever).
-    counter_lock: Any = None
+    # An agents.process_lock.SharedCount shared by the loader's workers: a worker killed while
+    # it takes its id cannot leave its lock held (a multiprocessing Value's lock it would, and
+    # every later worker of the loader would wait on it for ever).
+    counter: Any = None
     as_workers: bool = True
     _pid: int = field(default_factory=os.getpid)
 
@@ -134,10 +133,7 @@ class WorkerSetup:
     def _identity(self) -> tuple[int, int]:
         if self.counter is None:
             return 0, self.num_workers
-        with self.counter_lock:
-            worker_id = self.counter.value
-            self.counter.value += 1
-        return worker_id, self.num_workers
+        return self.counter.add(1), self.num_workers
 
 
 def _seed_numpy(base_seed: int, worker_id: int) -> None:

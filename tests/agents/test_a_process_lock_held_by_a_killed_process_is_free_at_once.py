@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.process_lock import ProcessLock
+from agents.process_lock import ProcessLock, SharedCount
 
 _fork = multiprocessing.get_context("fork")
 
@@ -126,3 +126,22 @@ def test_a_child_forked_while_a_thread_of_its_parent_held_it_can_take_it():
 def test_it_cannot_be_pickled_for_it_would_not_be_the_same_lock():
     with pytest.raises(TypeError, match="inheritance only"):
         pickle.dumps(ProcessLock("the test's lock"))
+
+
+def _take_ids(count: SharedCount, times: int, ids) -> None:
+    for _ in range(times):
+        ids.put(count.add(1))
+
+
+def test_a_shared_count_gives_every_process_its_own_number():
+    count = SharedCount("the test's count", start=5)
+    ids = _fork.SimpleQueue()
+    children = [_fork.Process(target=_take_ids, args=(count, 20, ids)) for _ in range(3)]
+    for c in children:
+        c.start()
+    for c in children:
+        c.join(timeout=60)
+        assert c.exitcode == 0
+    taken = sorted(ids.get() for _ in range(60))
+    assert taken == list(range(5, 65))  # each number once: none taken twice, none skipped
+    assert count.value == 65

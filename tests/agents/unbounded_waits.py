@@ -165,10 +165,6 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "around self.hosted's changes: a listener closed, or host_here() starting the hub's "
         "and the agent's threads (no network wait); the old host agent is stopped outside it"
     ),
-    ("agents/dlrm/raw.py", "BadLines.lock"): (
-        "an agents.process_lock.ProcessLock held for one integer increment; its `with` raises "
-        "TimeoutError after 60 s, and a holder that dies frees it at once"
-    ),
     ("agents/dlrm/trainer.py", "Trainer._lock"): _ONLY_STATE,
     ("agents/pipeline/inbox.py", "Inbox._lock"): (
         "a deque of items: appends and pops; the waits for room or items are on its "
@@ -222,10 +218,10 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "runs under it"
     ),
     ("agents/torch/loader.py", "_ConsumerStats._lock"): _ONLY_STATE,
-    ("agents/torch/steps.py", "WorkerSetup.counter_lock"): (
-        "an agents.process_lock.ProcessLock held to read and increment one integer, once per "
-        "worker process as it starts; its `with` raises TimeoutError after 60 s, and a holder "
-        "that dies frees it at once"
+    ("agents/process_lock.py", "SharedCount._lock"): (
+        "a ProcessLock held to read and set one integer (a worker's id as it starts, a count "
+        "of skipped lines); its `with` raises TimeoutError after its timeout (60 s), and a "
+        "holder that dies frees it at once"
     ),
     ("agents/torch/steps.py", "Read.lock"): (
         "an agents.process_lock.ProcessLock held to look through the readers' pids (a read of "
