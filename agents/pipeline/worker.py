@@ -253,23 +253,15 @@ def ignore_group_signals(in_children: bool = False) -> None:
     _restore_in_children = not in_children
     for signum in GROUP_SIGNALS:
         signal.signal(signum, _ignore_signal)
-    _register_restore()
 
 
 def _ignore_signal(signum: int, frame: Any) -> None:
     """``GROUP_SIGNALS``' handler in a worker or a launcher: nothing (see above)."""
 
 
-# Whether a fork of this process puts GROUP_SIGNALS back to Python's defaults in the child.
+# Whether a fork of this process puts GROUP_SIGNALS back to Python's defaults in the child
+# (_restore_group_signals, registered below for every fork: it does nothing unless set).
 _restore_in_children = False
-_restore_registered = False
-
-
-def _register_restore() -> None:
-    global _restore_registered
-    if not _restore_registered:
-        os.register_at_fork(after_in_child=_restore_group_signals)
-        _restore_registered = True
 
 
 def _restore_group_signals() -> None:
@@ -286,6 +278,9 @@ def _restore_group_signals() -> None:
                 )
         except (ValueError, OSError):  # pragma: no cover - forked from a thread: not main
             pass
+
+
+os.register_at_fork(after_in_child=_restore_group_signals)
 
 
 def _settle_process(spec: WorkerSpec) -> None:
