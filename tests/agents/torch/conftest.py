@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import namedtuple
 from types import SimpleNamespace
 
@@ -49,6 +50,29 @@ class Counting(IterableDataset):
         start, step = (0, 1) if info is None else (info.id, info.num_workers)
         for i in range(start, self.n, step):
             yield torch.tensor([i, -i])
+
+
+def skip_errors_epoch(
+    loader, bound_s: float, what: str = "the epoch", max_errors: int | None = None
+) -> tuple[list[int], list[RuntimeError]]:
+    """One epoch through the loop a user writes to skip failed batches (``except
+    RuntimeError: continue``): the first column of every batch's rows, and the errors. Fails
+    the test when the epoch has not ended within ``bound_s`` (each ``next()`` is bounded by the
+    loader's own ``timeout``) or gave more than ``max_errors`` errors."""
+    rows: list[int] = []
+    errors: list[RuntimeError] = []
+    iterator = iter(loader)
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        try:
+            rows += next(iterator)[:, 0].tolist()
+        except StopIteration:
+            return rows, errors
+        except RuntimeError as exc:
+            errors.append(exc)
+            if max_errors is not None:
+                assert len(errors) <= max_errors, f"{what}: errors without end: {exc!r}"
+    pytest.fail(f"{what} never ended: {len(rows)} rows, {len(errors)} errors")
 
 
 def assert_same(ours, theirs, where: str = "batch") -> None:

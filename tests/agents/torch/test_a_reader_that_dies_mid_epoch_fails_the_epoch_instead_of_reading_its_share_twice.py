@@ -15,6 +15,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from agents.pipeline import StageFailed
 from agents.torch import DataLoader
+from tests.agents.torch.conftest import skip_errors_epoch
 
 
 class SlowShards(IterableDataset):
@@ -58,19 +59,8 @@ def test_a_loop_that_skips_failed_batches_after_a_reader_died_ends_its_epoch(wor
     # The dead reader's replacement starts in another slot of the runtime; it raised on every
     # tick for ever (an endless epoch of errors); now once, then its share ends, as torch's.
     loader = DataLoader(ShardsOneReaderDiesIn(), batch_size=2, num_workers=workers, timeout=30)
-    rows, errors = [], []
     try:
-        iterator = iter(loader)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                rows += next(iterator)[:, 0].tolist()
-            except StopIteration:
-                break
-            except RuntimeError as exc:
-                errors.append(exc)
-        else:
-            pytest.fail(f"the epoch never ended: {len(rows)} rows, {len(errors)} errors")
+        rows, errors = skip_errors_epoch(loader, 30)
     finally:
         loader.close()
     assert len(errors) == 1 and "died mid-epoch" in str(errors[0])

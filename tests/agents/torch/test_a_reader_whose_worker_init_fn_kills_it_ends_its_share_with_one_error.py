@@ -8,13 +8,13 @@ ends.
 """
 
 import os
-import time
 
 import pytest
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from agents.torch import DataLoader
+from tests.agents.torch.conftest import skip_errors_epoch
 
 
 class Shards(IterableDataset):
@@ -44,19 +44,7 @@ def test_a_loop_that_skips_failed_batches_ends_its_epoch_when_worker_init_fn_kil
     )
     try:
         for epoch in range(2):
-            rows, errors = [], []
-            iterator = iter(loader)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # each next() is bounded by the loader's timeout
-                try:
-                    rows += next(iterator)[:, 0].tolist()
-                except StopIteration:
-                    break
-                except RuntimeError as exc:
-                    errors.append(exc)
-                    assert len(errors) <= 5, f"errors without end: {errors[-1]!r}"
-            else:
-                pytest.fail(f"epoch {epoch} never ended: {len(rows)} rows, {len(errors)} errors")
+            rows, errors = skip_errors_epoch(loader, 30, f"epoch {epoch}", max_errors=5)
             assert len(errors) == 1, (epoch, errors)
             assert "reader 0" in str(errors[0])
             assert len(rows) == len(set(rows)), "a row came twice"

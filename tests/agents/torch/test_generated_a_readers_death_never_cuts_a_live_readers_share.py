@@ -30,6 +30,7 @@ from agents.pipeline.pool import StagePool
 from agents.torch import DataLoader
 from agents.torch.steps import Read
 from tests.agents.pipeline.stress import Burner
+from tests.agents.torch.conftest import skip_errors_epoch
 
 SHORT = int(os.environ.get("INTUNE_READER_DEATH_CASES", "4"))
 EPOCH_BOUND_S = 60.0  # each next() is bounded by the loader's timeout (20 s) too
@@ -157,18 +158,6 @@ def test_a_live_readers_share_comes_whole_whatever_becomes_of_a_dead_readers_tic
             burner.set(False)
 
 
-def _epoch(loader: DataLoader, epoch: int) -> tuple[list[int], list[Exception]]:
+def _epoch(loader: DataLoader, epoch: int) -> tuple[list[int], list[RuntimeError]]:
     """One epoch through a loop that skips failed batches: its rows and its errors."""
-    rows: list[int] = []
-    errors: list[Exception] = []
-    iterator = iter(loader)
-    deadline = time.monotonic() + EPOCH_BOUND_S
-    while time.monotonic() < deadline:
-        try:
-            rows += next(iterator)[:, 0].tolist()
-        except StopIteration:
-            return rows, errors
-        except RuntimeError as exc:
-            errors.append(exc)
-            assert len(errors) <= 5, f"epoch {epoch}: errors without end: {errors[-1]!r}"
-    pytest.fail(f"epoch {epoch} never ended: {len(rows)} rows, {len(errors)} errors")
+    return skip_errors_epoch(loader, EPOCH_BOUND_S, f"epoch {epoch}", max_errors=5)
