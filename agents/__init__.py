@@ -12,7 +12,9 @@ a drop-in ``torch.utils.data.DataLoader`` whose stages the agent resizes)::
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
     from agents.daemon.ranks import RankAttachment
 
 __all__ = ["DataLoader", "attach"]
+
+# The pipelines attach() was called for in this process (intune-run leaves a script that
+# attaches its own alone: agents.torch.auto).
+attached: weakref.WeakSet = weakref.WeakSet()
 
 
 def __getattr__(name: str) -> Any:
@@ -84,6 +90,8 @@ def attach(
             "INTUNE_HOST_ID and INTUNE_AGENT_TOKEN (register the host on the control plane first)"
         )
     config = AgentConfig(url=str(url), host_id=int(host_id), token=str(token), **options)
+    with contextlib.suppress(TypeError):  # not weakly referable, or unhashable: not noted
+        attached.add(pipeline)
     from agents.daemon import ranks as host_ranks
     from agents.daemon.checks import job_stages_problem, reported_stage_names
 

@@ -41,20 +41,10 @@ from agents.pipeline.signals import SLICE_S, SignalledStop
 log = logging.getLogger("agents")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``intune-agent``."""
-    p = argparse.ArgumentParser(
-        prog="intune-agent",
-        description=(
-            "InTune's host agent: runs the ingestion pipeline (and a trainer on it), reports\n"
-            "host, stage and trainer measurements to the control plane every interval, and\n"
-            "applies the CPU allocations the control plane sends (long-poll, no inbound port).\n"
-            "When the control plane is away, training goes on and samples are buffered."
-        ),
-        epilog=__doc__.split("Examples::", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    who = p.add_argument_group("control plane and identity")
+def add_identity_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The control plane and this host's identity, as ``resolve_identity`` reads them
+    (``intune-agent`` and ``intune-run`` both take them); returns their group."""
+    who = parser.add_argument_group("control plane and identity")
     who.add_argument(
         "--url", default=os.environ.get("INTUNE_URL"), help="control plane URL (env INTUNE_URL)"
     )
@@ -77,6 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
         default="~/.intune-agent",
         help="where the agent token and last sequence number are kept (default %(default)s)",
     )
+    return who
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``intune-agent``."""
+    p = argparse.ArgumentParser(
+        prog="intune-agent",
+        description=(
+            "InTune's host agent: runs the ingestion pipeline (and a trainer on it), reports\n"
+            "host, stage and trainer measurements to the control plane every interval, and\n"
+            "applies the CPU allocations the control plane sends (long-poll, no inbound port).\n"
+            "When the control plane is away, training goes on and samples are buffered."
+        ),
+        epilog=__doc__.split("Examples::", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_identity_arguments(p)
     ranks = p.add_argument_group("multi-rank hosts (torchrun --nproc-per-node N)")
     ranks.add_argument(
         "--sidecar",

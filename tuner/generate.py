@@ -257,6 +257,46 @@ def holdout_suite(seed: int = 2026, count: int = 10) -> list[Scenario]:
     return suite
 
 
+def loader_suite(seed: int = 2030, count: int = 8) -> list[Scenario]:
+    """Pipelines of the shape ``agents.torch.DataLoader`` gives a torch training script (and
+    ``intune-run`` one it did not change): one ``fetch+collate`` stage, where the dataset's
+    ``__getitem__`` and ``collate_fn`` run, and, every other scenario, one batch transform; the
+    fetch may wait (a read from a store) as well as compute; 4 to 64 CPUs. Seed 2030 in the
+    committed file (``tuner/suites/loader.json``)."""
+    rng = np.random.default_rng(seed)
+    suite = []
+    for index in range(count):
+        cpus = float(rng.choice([4, 8, 16, 32, 64]))
+        stages = [
+            StageSpec(
+                "fetch+collate",
+                us_per_sample=float(rng.uniform(20.0, 200.0)),
+                scaling=float(rng.choice([1.0, 0.95, 0.85])),
+                memory_mb_per_worker=float(rng.choice([200.0, 800.0, 2000.0])),
+                wait_us_per_sample=float(rng.choice([0.0, 0.0, 50.0, 400.0])),
+            )
+        ]
+        if index % 2:
+            stages.append(
+                StageSpec(
+                    "batch_transform",
+                    us_per_sample=float(rng.uniform(2.0, 30.0)),
+                    memory_mb_per_worker=300.0,
+                )
+            )
+        suite.append(
+            Scenario(
+                name=f"loader-{index:02d}-{int(cpus)}c{'-2st' if index % 2 else ''}",
+                cpus=cpus,
+                memory_gb=float(rng.choice([16.0, 64.0, 256.0])),
+                consumer_samples_per_s=float(rng.choice([1e5, 3e5, 1e6])),
+                stages=tuple(stages),
+                noise=0.02,
+            )
+        )
+    return suite
+
+
 def main(argv: list[str] | None = None) -> None:
     """Write a held-out suite: ``python -m tuner.generate --out tuner/suites/holdout.json``."""
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -270,8 +310,16 @@ def main(argv: list[str] | None = None) -> None:
         "2027, count 12; model_wrong_holdout.json: holdout, seed 2028, count 12; "
         "contention_holdout.json: contention, seed 2029, count 8)",
     )
+    parser.add_argument(
+        "--loader",
+        action="store_true",
+        help="write the DataLoader-shaped suite instead (tuner/suites/loader.json: seed 2030, "
+        "count 8)",
+    )
     args = parser.parse_args(argv)
-    if args.model_wrong == "contention":
+    if args.loader:
+        suite = loader_suite(args.seed, args.count)
+    elif args.model_wrong == "contention":
         suite = contention_suite(args.seed, args.count)
     elif args.model_wrong:
         suite = model_wrong_suite(args.seed, args.count, holdout=args.model_wrong == "holdout")

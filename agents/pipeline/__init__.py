@@ -12,6 +12,7 @@ with Pipeline(range(1000), [Stage("square", lambda x: x * x, workers=2)]) as pip
 from agents.pipeline.consume import consume_until
 from agents.pipeline.errors import (
     AllocationError,
+    LauncherFailed,
     LayoutBusy,
     PipelineStalled,
     PipelineStopped,
@@ -23,6 +24,7 @@ from agents.pipeline.stage import Stage
 
 __all__ = [
     "AllocationError",
+    "LauncherFailed",
     "LayoutBusy",
     "Pipeline",
     "PipelineStalled",

@@ -56,6 +56,13 @@ class PipelineStalled(TimeoutError):
     function (or the source) blocks. The message says where the items stand, stage by stage."""
 
 
+class LauncherFailed(RuntimeError):
+    """The pipeline's worker launcher died before it had started a worker, again and again
+    (``agents.pipeline.pipeline.LAUNCHER_STARTS``, with a growing wait between tries): no
+    worker can start, so no item would ever come. Raised to the consumer once the items
+    already done are taken; the message says how the last launcher ended and what it raised."""
+
+
 class PipelineStopped(RuntimeError):
     """The pipeline was stopped (``stop()``, from another thread or before this loop) while its
     consumer still iterated, before the source's end: the items in flight were dropped. A loop

@@ -23,6 +23,7 @@ import psutil
 from agents.pipeline import shm
 from agents.pipeline.errors import (
     AllocationError,
+    LauncherFailed,
     LayoutBusy,
     PipelineStalled,
     PipelineStopped,
@@ -47,6 +48,11 @@ _CONSUMER_SLICE_S = 0.1
 
 # How often the pipeline replaces dead workers (and a dead launcher).
 _MONITOR_S = 0.1
+# Launchers in a row that may die before they start a worker (a crash at their start): the
+# second starts at once (the first may have been killed), the next after 0.2, 0.4 and 0.8 s;
+# then the consumer gets LauncherFailed rather than a launcher started again for ever.
+LAUNCHER_STARTS = 5
+_LAUNCHER_BACKOFF_S = 0.2
 
 
 @dataclasses.dataclass
@@ -66,7 +72,11 @@ def _stop_running() -> None:
     run: later, at the interpreter's teardown, its daemon threads are frozen, and a pipeline
     collected then (a training loop ended by Ctrl-C: the traceback holds its iterator until
     then) waited out its whole stop bound for relays that could no longer move; a training
-    script took 2 to 5 s to exit after Ctrl-C, now about 1 s."""
+    script took 2 to 5 s to exit after Ctrl-C, now about 1 s.
+
+    A child forked from the training process (``os.fork()``, left by ``sys.exit``) holds
+    copies of its parent's running pipelines: ``stop()`` leaves those alone (it killed the
+    parent's workers and removed their shared memory: the parent's epoch failed)."""
     for pipeline in list(_RUNNING):
         try:
             pipeline.stop()
@@ -194,6 +204,10 @@ class Pipeline:
         self._pools: list[StagePool] = []
         self._inboxes: list[Inbox] = []
         self._zygote: Zygote | None = None
+        self._launcher_deaths = 0  # launchers in a row that died before starting a worker
+        self._launcher_retry_at = 0.0  # when the next launcher may start (monotonic)
+        self._launcher_counted = 0  # the dead launcher already counted (its pid)
+        self._failed: LauncherFailed | None = None  # the pipeline cannot go on: why
         self._prefix = f"intune-{uuid.uuid4().hex[:10]}"
         self._last_resize: dict[str, Any] | None = None
         self._flow = _Flow()  # what the source thread tells the collector
@@ -297,7 +311,14 @@ class Pipeline:
         Returns within ``stop_timeout_s`` plus about a second, whatever the workers are
         doing; a thread worker stuck in the stage's function is left running (a thread
         cannot be killed) and named in a warning.
+
+        In a child forked from the process that started it, it does nothing: the workers,
+        launcher and shared memory are that process's. A child leaving a ``with pipeline:``
+        block (``sys.exit()`` after ``os.fork()``) killed them through inherited pidfds and
+        removed the files in flight, and the parent's loop failed.
         """
+        if getattr(self, "_owner_pid", os.getpid()) != os.getpid():
+            return
         with deferred(), self._stop_lock:
             # Before the lock: an apply() or a worker's replacement holds it while it waits
             # for the launcher to fork a worker, up to 10 s a worker for one that does not
@@ -332,6 +353,7 @@ class Pipeline:
             if self._zygote is not None:
                 self._zygote.close()
             shm.sweep(self._prefix)
+            shm.forget(self._prefix)
         if stuck:
             log.warning(
                 "pipeline '%s' stopped, leaving %d thread(s) still inside user code: %s",
@@ -368,16 +390,61 @@ class Pipeline:
             if self._stop.is_set():
                 return False
             if self._zygote is not None and not self._zygote.alive():
-                log.warning(
-                    "pipeline '%s': the worker launcher (pid %d) died; starting another",
-                    self.name,
-                    self._zygote.pid,
-                )
-                self._zygote.close()
-                self._start_launcher()
+                if not self._replace_launcher():
+                    return True  # none yet (a wait between tries), or none any more
             for pool in self._pools:
                 pool.maintain()
             self._drain()
+        return True
+
+    def _replace_launcher(self) -> bool:
+        """The launcher died: start another (the lock held); ``False`` while none runs.
+
+        One that dies before it has started a worker (an exception in its first steps, a
+        kill at its start) is tried again after a growing wait, ``LAUNCHER_STARTS`` times in
+        all; then the consumer gets ``LauncherFailed`` naming how the last one ended. Before,
+        such a launcher was started again every 0.1 s for ever, and the consumer waited for
+        items no worker would ever make."""
+        zygote = self._zygote
+        assert zygote is not None
+        if self._failed is not None:
+            return False
+        if zygote.pid != self._launcher_counted:
+            self._launcher_counted = zygote.pid
+            how = zygote.how_it_ended()
+            if zygote.started_workers:
+                self._launcher_deaths = 0  # it had worked: a kill, not a crash at start
+            self._launcher_deaths += 1
+            if self._launcher_deaths >= LAUNCHER_STARTS:
+                self._failed = LauncherFailed(
+                    f"pipeline '{self.name}': its worker launcher died before starting a "
+                    f"worker {self._launcher_deaths} times in a row (the last {how}); no "
+                    "worker can start, so no item will come. Look at what the launcher "
+                    "runs first (the pipeline's process at start: at-fork hooks, memory "
+                    "limits)"
+                    + (
+                        f"\n--- traceback in the launcher ---\n{zygote.crash}"
+                        if zygote.crash
+                        else ""
+                    )
+                )
+                log.error("%s", self._failed)
+                zygote.close()
+                self._ready.wake()
+                return False
+            wait = _LAUNCHER_BACKOFF_S * 2 ** (self._launcher_deaths - 2)
+            self._launcher_retry_at = time.monotonic() + (wait if self._launcher_deaths > 1 else 0)
+            log.warning(
+                "pipeline '%s': the worker launcher (pid %d) %s; starting another%s",
+                self.name,
+                zygote.pid,
+                how,
+                f" in {wait:.1f} s" if self._launcher_deaths > 1 else "",
+            )
+        if time.monotonic() < self._launcher_retry_at:
+            return False
+        zygote.close()
+        self._start_launcher()
         return True
 
     def _cannot_read(self, exc: Exception) -> Failure:
@@ -395,6 +462,13 @@ class Pipeline:
         ``PipelineStopped`` where the pipeline was stopped before the source's end."""
         if not self._started:
             self.start()
+        if self._owner_pid != os.getpid():
+            # A forked child's copy: the threads that fill it are its parent's, so a loop
+            # here waited for ever.
+            raise RuntimeError(
+                f"pipeline '{self.name}' was started in process {self._owner_pid}; a child "
+                "forked from it cannot take its items: build and start a pipeline in the child"
+            )
         if self._ended:
             # Exhausted already: a second loop over the pipeline ends at once instead of
             # waiting for items that will never come. (After a StageFailed, looping again
@@ -446,11 +520,14 @@ class Pipeline:
                 return _INTERRUPTED
             try:
                 return self._ready.get(
-                    _CONSUMER_SLICE_S, leave=lambda: self._stopped or held.pending
+                    _CONSUMER_SLICE_S,
+                    leave=lambda: self._stopped or held.pending or self._failed is not None,
                 )
             except queue.Empty:
                 if self._stopped:
                     raise self._stopped_error() from None
+                if self._failed is not None:
+                    raise self._failed from None
             except EOFError:
                 raise self._stopped_error() from None
             waited = time.monotonic() - began

@@ -17,12 +17,14 @@ shared array the pipeline reads for metrics.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import queue
 import signal
 import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -248,9 +250,14 @@ def ignore_group_signals(in_children: bool = False) -> None:
     hung its worker for ever (``Pool.terminate()`` SIGTERMs its processes and joins them:
     they ignored it) and left its processes behind when the pipeline stopped, unkillable by
     SIGTERM. An ``exec`` puts a handler back to the default by itself; a fork keeps it, so
-    ``os.register_at_fork`` does it in the children of workers."""
-    global _restore_in_children
+    ``os.register_at_fork`` does it in the children of workers (``_block_group_signals`` and
+    ``_restore_group_signals``: without a gap, see there). A worker's forks also die with
+    the worker (``PR_SET_PDEATHSIG``), and what outlives a worker anyway is the launcher's
+    to end (``agents.pipeline.zygote``)."""
+    global _restore_in_children, _worker_main_thread, _worker_pid
     _restore_in_children = not in_children
+    if _restore_in_children:
+        _worker_main_thread, _worker_pid = threading.get_ident(), os.getpid()
     for signum in GROUP_SIGNALS:
         signal.signal(signum, _ignore_signal)
 
@@ -260,27 +267,87 @@ def _ignore_signal(signum: int, frame: Any) -> None:
 
 
 # Whether a fork of this process puts GROUP_SIGNALS back to Python's defaults in the child
-# (_restore_group_signals, registered below for every fork: it does nothing unless set).
+# (the hooks below, registered for every fork: they do nothing unless set).
 _restore_in_children = False
+# The worker's main thread: what it forks dies with the worker (PR_SET_PDEATHSIG fires when
+# the thread that forked ends, so a fork from another thread would die with that thread).
+_worker_main_thread: int | None = None
+_worker_pid = 0
+# The group signals the forking thread had blocked itself before the fork, by thread.
+_blocked_before: dict[int, set[int]] = {}
+_PR_SET_PDEATHSIG = 1
+
+
+def _block_group_signals() -> None:
+    """Before a worker forks: hold ``GROUP_SIGNALS`` in the forking thread, so that one sent
+    to the child before it has put the defaults back waits in the kernel, not lost.
+
+    Without it, a signal that reached the child before ``_restore_group_signals`` ran went to
+    the inherited handler that does nothing (or was dropped by Python's own after-fork
+    reset): a ``Pool`` in ``__getitem__``, its second process not yet scheduled on a busy
+    host when ``Pool.__exit__`` SIGTERMed it, kept that process alive, waiting on the
+    pool's task-queue lock (``Pool.terminate`` holds it), and ``terminate`` joined it for
+    ever: the epoch hung (1 run of 8 beside two busy loops, 2026-11-24)."""
+    if not _restore_in_children:
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
+    _blocked_before[threading.get_ident()] = {int(s) for s in held} & {
+        int(s) for s in GROUP_SIGNALS
+    }
+
+
+def _unblock_group_signals() -> None:
+    """Let the forking thread have the group signals again (what it had not blocked itself)."""
+    already = _blocked_before.pop(threading.get_ident(), None)
+    if already is None:
+        return
+    release = [s for s in GROUP_SIGNALS if int(s) not in already]
+    if release:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
 
 
 def _restore_group_signals() -> None:
+    """In what a worker forks: Python's defaults for ``GROUP_SIGNALS``, then the signals
+    let in (one that came meanwhile is acted on now, by the default); death with the worker
+    for a fork of its main thread."""
     global _restore_in_children
     if not _restore_in_children:
         return
     _restore_in_children = False  # the child's own forks are its business again
-    for signum in GROUP_SIGNALS:
-        try:
-            if signal.getsignal(signum) is _ignore_signal:
-                signal.signal(
-                    signum,
-                    signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL,
-                )
-        except (ValueError, OSError):  # pragma: no cover - forked from a thread: not main
-            pass
+    forked_by_main = threading.get_ident() == _worker_main_thread
+    try:
+        for signum in GROUP_SIGNALS:
+            try:
+                if signal.getsignal(signum) is _ignore_signal:
+                    signal.signal(
+                        signum,
+                        signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL,
+                    )
+            except (ValueError, OSError):  # pragma: no cover - forked from a thread: not main
+                pass
+        if forked_by_main:
+            die_with_parent(_worker_pid)
+    finally:
+        _unblock_group_signals()
 
 
-os.register_at_fork(after_in_child=_restore_group_signals)
+def die_with_parent(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when ``parent``, the process that forked it,
+    dies (Linux; elsewhere nothing), and die now if it already has."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent:  # it died before the prctl: no signal will come
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+os.register_at_fork(
+    before=_block_group_signals,
+    after_in_parent=_unblock_group_signals,
+    after_in_child=_restore_group_signals,
+)
 
 
 def _settle_process(spec: WorkerSpec) -> None:

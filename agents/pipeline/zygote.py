@@ -17,6 +17,13 @@ The launcher reaps its workers and keeps their exit status in a shared array, so
 death can be explained ("killed by signal 9"). When the pipeline's process dies the launcher
 notices (its socket closes, or its parent changes), kills every worker, removes the
 pipeline's shared-memory files and exits; each worker is also set to die with the launcher.
+
+What a worker's code starts lives no longer than that worker: a fork of the worker's main
+thread dies with it (``PR_SET_PDEATHSIG``, see ``agents.pipeline.worker``), and anything a
+worker's code started that its parent leaves orphaned (a dead worker's ``subprocess``, a
+daemon it double-forked) is adopted by the launcher (``PR_SET_CHILD_SUBREAPER``) and killed
+within ``_LOOP_S``; when the launcher leaves, everything under it goes. A process meant to
+outlive the worker that started it must be started from the training script instead.
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ import socket
 import struct
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
-from agents.pipeline.worker import ignore_group_signals
+from agents.pipeline.worker import die_with_parent, ignore_group_signals
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +56,15 @@ _ANSWER = struct.Struct("<qq")
 _REQUEST_TIMEOUT_S = 10.0  # the socket's timeout: a launcher that does not answer is gone
 _ANSWER_SLICE_S = 0.05  # how often a request waiting for its answer looks for a stop
 _KILL_REAP_S = 1.0  # how long close() waits for the launcher to die after SIGKILL
-_PR_SET_PDEATHSIG = 1
+# A launcher's last message when it dies of an exception: this mark, then its traceback.
+_CRASH = b"intune-launcher-crash\n"
+_REPORT_BYTES = 16384  # the most of a message read from the launcher (a traceback's text)
+_PR_SET_CHILD_SUBREAPER = 36
+_LOOP_S = 0.2  # how often the launcher reaps, looks for strays and for its parent's death
 
 
 class LauncherGone(RuntimeError):
     """The launcher process is not there any more; the pipeline cannot start workers."""
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent (the launcher) dies."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the launcher still kills its workers when it leaves normally
 
 
 class Zygote:
@@ -86,6 +89,7 @@ class Zygote:
                 _launcher(theirs, parent, serve, statuses, prefix)
             except BaseException:  # noqa: BLE001 - never return into the caller's code
                 code = 1
+                _report(theirs, traceback.format_exc())
             finally:
                 os._exit(code)
         theirs.close()
@@ -96,6 +100,9 @@ class Zygote:
         self._closed = False
         self._abandoned = False  # the pipeline is stopping: no request waits any more
         self._requests = 0  # requests sent: each is numbered, and so is its answer
+        self.started_workers = 0  # workers it forked: one or more, it got past its start
+        self.exit_code: int | None = None  # once reaped: its exit code, or -signal
+        self.crash = ""  # what it raised, if it said so before it died (traceback text)
 
     def spawn(self, request: dict[str, Any]) -> tuple[int, int | None, int, int]:
         """Start a worker; return its pid, a pidfd (``None`` where the platform has none),
@@ -128,6 +135,8 @@ class Zygote:
             if not message:
                 raise LauncherGone(f"the worker launcher (pid {self.pid}) closed its socket")
             _, pid = _ANSWER.unpack(message)
+            if pid > 0:
+                self.started_workers += 1
             if pid < 0:
                 raise LauncherGone(f"the worker launcher could not fork: {os.strerror(-pid)}")
             return pid, (fds[0] if fds else None), items_w, results_r
@@ -152,7 +161,10 @@ class Zygote:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no answer to request {number} in {_REQUEST_TIMEOUT_S} s")
                 continue
-            message, fds, _, _ = socket.recv_fds(self._socket, 64, 1)
+            message, fds, _, _ = socket.recv_fds(self._socket, _REPORT_BYTES, 1)
+            if message.startswith(_CRASH):
+                self.crash = message[len(_CRASH) :].decode(errors="replace")
+                raise OSError(f"it died: {_last_line(self.crash)}")
             if not message or _ANSWER.unpack(message)[0] == number:
                 return message, fds
             for fd in fds:
@@ -166,12 +178,39 @@ class Zygote:
         self._abandoned = True
 
     def alive(self) -> bool:
-        """Say whether the launcher still runs."""
+        """Say whether the launcher still runs (once it has not: ``exit_code``)."""
+        if self.exit_code is not None:
+            return False
         try:
-            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
             return False
+        if pid:
+            self.exit_code = os.waitstatus_to_exitcode(status)
         return pid == 0
+
+    def how_it_ended(self) -> str:
+        """How the launcher ended, for a message (after ``alive()`` said it had): its exit
+        status, and the last line of what it raised if it said so before it died."""
+        with self._lock:
+            while not self._closed:
+                try:
+                    message = self._socket.recv(_REPORT_BYTES, socket.MSG_DONTWAIT)
+                except (BlockingIOError, OSError):
+                    break
+                if not message:
+                    break
+                if message.startswith(_CRASH):
+                    self.crash = message[len(_CRASH) :].decode(errors="replace")
+        code = self.exit_code
+        if code is None:
+            how = "ended"
+        elif code < 0:
+            name = signal.Signals(-code).name if -code < signal.NSIG else "?"
+            how = f"was killed by signal {-code} ({name})"
+        else:
+            how = f"exited with code {code}"
+        return f"{how}: {_last_line(self.crash)}" if self.crash else how
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the launcher: it kills any worker left and exits; reap it within ``timeout``."""
@@ -200,6 +239,22 @@ class Zygote:
             time.sleep(0.01)
 
 
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _report(sock: socket.socket, text: str) -> None:
+    """From a launcher about to die of an exception: what it raised, for the pipeline's
+    message (best effort: the socket may be gone, or full)."""
+    data = _CRASH + text.encode(errors="replace")[-(_REPORT_BYTES - len(_CRASH)) :]
+    try:
+        sock.setblocking(False)
+        sock.send(data)
+    except OSError:
+        pass
+
+
 def _close(fd: int) -> None:
     try:
         os.close(fd)
@@ -217,11 +272,13 @@ def _launcher(
     """The launcher's loop: fork workers on request, reap them, and leave with the pipeline."""
     # It leaves with the pipeline's process, not with the group; so do its workers.
     ignore_group_signals(in_children=True)
+    _adopt_orphans()
     children: dict[int, tuple[int, int]] = {}  # pid -> where its exit status goes
     try:
         while True:
-            ready, _, _ = select.select([sock], [], [], 0.2)
+            ready, _, _ = select.select([sock], [], [], _LOOP_S)
             _reap(children, statuses)
+            _end_strays(children)
             if os.getppid() != parent:
                 return  # the pipeline's process died
             if not ready:
@@ -255,9 +312,12 @@ def _launcher(
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # Then what the workers started: orphaned as the workers die, adopted here, killed.
         deadline = time.monotonic() + 2.0
-        while children and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             _reap(children, statuses)
+            if not _end_strays(children) and not children:
+                break
             time.sleep(0.01)
         if prefix is not None:
             # The pipeline's process sweeps after it has closed this launcher too, but it may
@@ -267,10 +327,42 @@ def _launcher(
             shm.sweep(prefix)
 
 
+def _adopt_orphans() -> None:
+    """Make the launcher the parent of every process its workers' code started and left
+    orphaned (``PR_SET_CHILD_SUBREAPER``; Linux), so that ``_end_strays`` can end them.
+
+    A worker killed (by the pipeline on stop, by the OOM killer) left what its code had
+    started to init: the processes of a ``multiprocessing.Pool`` in ``__getitem__`` stayed,
+    waiting on the pool's lock, after the training script had ended."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _end_strays(children: dict[int, tuple[int, int]]) -> list[int]:
+    """SIGKILL every child of the launcher that is not one of its workers: a process a
+    worker's code started whose parent has died (a worker, or a process of the worker's);
+    return them (those not reaped yet included)."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as listing:
+            strays = [int(pid) for pid in listing.read().split() if int(pid) not in children]
+    except OSError:  # pragma: no cover - no /proc (not Linux), or an old kernel
+        return []
+    for pid in strays:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return strays
+
+
 def _fork_worker(
     sock: socket.socket, request: dict[str, Any], fds: list[int], serve: Callable[..., None]
 ) -> int:
     """Fork one worker with its two pipe ends; return its pid (a negative errno on failure)."""
+    launcher = os.getpid()
     try:
         pid = os.fork()
     except OSError as exc:
@@ -281,7 +373,8 @@ def _fork_worker(
         code = 0
         try:
             sock.close()
-            _die_with_parent()
+            # Not Linux: the launcher still kills its workers when it leaves normally.
+            die_with_parent(launcher)
             serve(request, fds[0], fds[1])
         except BaseException:  # noqa: BLE001 - a worker never returns into the launcher
             code = 1
@@ -301,8 +394,9 @@ def _fork_worker(
 
 
 def _reap(children: dict[int, tuple[int, int]], statuses: Any) -> None:
-    """Collect exited workers; write each one's status (exit code, or -signal) to its slot."""
-    while children:
+    """Collect exited children: workers, whose status (exit code, or -signal) goes to their
+    slot, and adopted strays (``_end_strays``)."""
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:

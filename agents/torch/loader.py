@@ -50,6 +50,8 @@ from agents.torch.steps import (
     Skipped,
     Step,
     WorkerSetup,
+    fold,
+    own_collate,
     set_reader_slot,
     stage_names,
 )
@@ -79,10 +81,34 @@ class DataLoader(torch.utils.data.DataLoader):
       workers fork from a launcher process that runs no thread (``agents.pipeline.zygote``),
       also for ``"spawn"`` and ``"forkserver"``; the dataset need not pickle.
     - Batches always come in the sampler's order (``in_order=False`` is accepted, and
-      ignored). One iteration runs at a time: ``iter()`` ends the previous one.
+      ignored). Each ``iter()`` without persistent workers starts its own pipeline, as torch
+      starts workers per iterator, so two iterations can run at once (``zip(loader,
+      loader)``); ``apply()`` resizes every running one, and the agent's handle
+      (``pipeline``, ``metrics()``) is the newest's. With persistent workers one iteration
+      runs at a time: ``iter()`` ends the previous one, whose next ``next()`` raises.
     - ``persistent_workers``: one pipeline serves every epoch; otherwise each epoch starts
       its own, as torch starts workers per epoch. Workers are seeded and call
-      ``worker_init_fn`` as torch's do (see ``agents.torch.steps.WorkerSetup``).
+      ``worker_init_fn`` as torch's do (see ``agents.torch.steps.WorkerSetup``):
+      ``worker_init_fn``, ``get_worker_info().seed`` and ``torch.initial_seed()`` in it see
+      torch's ``base_seed + worker_id``, ``base_seed`` drawn from ``generator`` (or torch's
+      global generator) as torch draws it.
+    - ``repeatable`` (default ``True``): randomness drawn in the dataset, ``transforms``,
+      ``collate_fn`` or ``batch_transforms`` from torch's, ``random``'s or numpy's global
+      generators repeats under one seed: before each batch, each step sets them from the
+      epoch's base seed, the batch's place in the epoch and the step's place in the loader
+      (``agents.torch.steps``, "Repeatable randomness"). ``torch.manual_seed(s)`` before the
+      loop gives the same epochs, tensor for tensor, whatever ``num_workers``, the live
+      resizes and ``fuse``. torch's draws repeat only at one ``num_workers`` and are not ours
+      (its worker ``k % num_workers`` draws batch ``k`` from one stream); with
+      ``num_workers=0`` torch draws from the training process's generators, ours from the
+      batch's seed, and the training process's generators are left alone. An
+      ``IterableDataset``'s reader ``i`` reseeds before each of its batches too. Not made
+      repeatable: a generator the user keeps across batches (``np.random.default_rng()``
+      made in ``worker_init_fn`` or ``__init__``), since which worker takes a batch is not;
+      seed it from the global generators where it draws (``np.random.default_rng(
+      torch.randint(2**62, ()).item())`` in ``__getitem__``), or draw from them. ``False``: each
+      worker's generators run on from torch's per-worker seed (about 12 us less per step and
+      batch; measured in docs/reliability.md).
     - An ``IterableDataset`` is read as torch's workers read it: the ``read`` stage has
       ``num_workers`` readers (at least one), reader ``i`` iterating its own copy as worker
       ``i`` of ``num_workers`` (``get_worker_info()``), so a dataset that splits its shards
@@ -95,6 +121,11 @@ class DataLoader(torch.utils.data.DataLoader):
       ``num_workers``. Put per-sample work in ``transforms`` to give it a lever.
     - A failing stage raises ``agents.pipeline.StageFailed`` (a ``RuntimeError`` naming the
       stage, with the worker's traceback); ``timeout`` raises torch's ``RuntimeError``.
+    - Workers are not daemonic: a ``multiprocessing.Pool`` or a ``subprocess`` in
+      ``__getitem__`` works (torch's workers refuse a pool). What it starts lives no longer
+      than the worker that started it: it is killed with that worker, and with the loader's
+      workers at ``close()`` (``agents.pipeline.zygote``); start a process that must outlive
+      them from the training script.
 
     For ``agents.attach`` it offers a ``Pipeline``'s ``stage_names``, ``stages``,
     ``allocation``, ``apply()``, ``metrics()`` and ``consumer_stats()``; ``pipeline`` is the
@@ -125,6 +156,7 @@ class DataLoader(torch.utils.data.DataLoader):
         batch_transforms: Transforms = None,
         fuse: str | Sequence[str] | None = "auto",
         max_workers: int | None = None,
+        repeatable: bool = True,
     ) -> None:
         super().__init__(
             dataset,
@@ -151,6 +183,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._batch_transforms = stage_names(batch_transforms, taken)
         self._fuse = fuse
         self._max_workers = max_workers
+        self._repeatable = bool(repeatable)
         # Accepted as torch accepts it, whatever it names: the workers fork from the pipeline's
         # launcher, a process forked when the epoch starts that runs no thread and never
         # touches CUDA, which is what "spawn" and "forkserver" are chosen for. Refused (a
@@ -168,12 +201,6 @@ class DataLoader(torch.utils.data.DataLoader):
     def _init_runtime(self) -> None:
         """What the loader runs on, made anew for a copy (``__setstate__``): shared counters,
         locks, the epoch's state and the next epoch's pipeline (at the allocation in force)."""
-        context = multiprocessing.get_context("fork")
-        self._worker_counter = SharedCount(
-            "the loader's count of workers", start=self._readers if self._iterable else 0
-        )
-        # The last epoch each reader of an iterable dataset began (Read says why).
-        self._reader_epochs = context.RawArray("q", self._readers) if self._iterable else None
         # Three locks, so that the agent's calls (metrics() every sample, apply() for an
         # allocation) never wait on an epoch switch: stopping the last epoch's workers and
         # starting the next's took the agent's sampling thread seconds on a loaded host.
@@ -189,11 +216,16 @@ class DataLoader(torch.utils.data.DataLoader):
         self._owner_pid = os.getpid()
         self._epoch = 0
         self._base_seed: int | None = None
+        self._base_seed_epoch = 0  # the epoch that drew it (a persistent pipeline's first)
         self._plans: _Plans | None = None
-        # Held weakly, as torch's loader holds its iterator: a loop left by an exception drops
-        # its iterator, whose __del__ stops the epoch's workers; a strong reference here kept
-        # them running (and their memory) until the next epoch or close().
-        self._epoch_iterator_ref: weakref.ref[_EpochIterator] | None = None
+        # The live iterations' iterators, oldest first (several at once without persistent
+        # workers: zip(loader, loader), as torch's). Held weakly, as torch's loader holds its
+        # iterator: a loop left by an exception drops its iterator, whose __del__ stops the
+        # epoch's workers; a strong reference here kept them running (and their memory) until
+        # the next epoch or close().
+        self._iterator_refs: list[weakref.ref[_EpochIterator]] = []
+        # The started pipelines' receivers not yet stopped, oldest first; the newest is current.
+        self._receivers: list[_Receiver] = []
         self._receiver: _Receiver | None = None
         self._stats = _ConsumerStats()
         # The current epoch's pipeline (unstarted between epochs): the agent's handle.
@@ -203,9 +235,9 @@ class DataLoader(torch.utils.data.DataLoader):
     # What _init_runtime makes: not copied by pickle or copy.deepcopy (locks, shared counters,
     # a running pipeline cannot be), made anew by __setstate__.
     _RUNTIME = (
-        "_worker_counter", "_reader_epochs", "_switch_lock", "_apply_lock", "_lock",
-        "_owner_pid", "_epoch", "_base_seed", "_plans", "_epoch_iterator_ref", "_receiver",
-        "_stats", "_pipeline",
+        "_switch_lock", "_apply_lock", "_lock",
+        "_owner_pid", "_epoch", "_base_seed", "_base_seed_epoch", "_plans",
+        "_iterator_refs", "_receivers", "_receiver", "_stats", "_pipeline",
     )  # fmt: skip
 
     def __getstate__(self) -> dict[str, Any]:
@@ -225,15 +257,23 @@ class DataLoader(torch.utils.data.DataLoader):
     # ----------------------------------------------------------------- the pipeline
 
     def _build_pipeline(self, base_seed: int) -> Pipeline:
-        """A pipeline of this loader's stages, seeded with ``base_seed``, not started."""
+        """A pipeline of this loader's stages, seeded with ``base_seed``, not started.
+
+        Its workers number from 0 (after the readers), as each of torch's iterators' workers
+        do: a count shared by the loader's pipelines gave a per-epoch loader's second epoch
+        workers 2 and 3 (of 2), and ``worker_init_fn`` ids and seeds torch never gives."""
         workers = max(1, self.num_workers)
+        counter = SharedCount(
+            "the loader's count of workers", start=self._readers if self._iterable else 0
+        )
         setup = WorkerSetup(
             self.dataset,
             base_seed,
             num_workers=workers,
             worker_init_fn=self.worker_init_fn,
-            counter=self._worker_counter,
+            counter=counter,
             as_workers=self.num_workers > 0,
+            repeatable=self._repeatable,
         )
         batched = self._auto_collation
         if self._iterable:
@@ -244,6 +284,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 readers,
                 self.worker_init_fn,
                 as_workers=self.num_workers > 0,
+                repeatable=self._repeatable,
             )
             read = Read(
                 self.dataset,
@@ -251,7 +292,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 self.drop_last,
                 reader_setup,
                 readers=readers,
-                begun=self._reader_epochs,
+                # The last epoch each reader began (Read says why).
+                begun=multiprocessing.get_context("fork").RawArray("q", readers),
             )
             stages = [
                 Stage(
@@ -265,11 +307,14 @@ class DataLoader(torch.utils.data.DataLoader):
             ]
         else:
             stages = [self._stage("fetch", Step(Fetch(self.dataset, batched), setup), workers)]
+        # Each step's place (read or fetch 0) is folded into the batch's seed: see steps.py.
         for name, fn in self._transforms:
-            stages.append(self._stage(name, Step(fn, setup, per_sample=True, batched=batched)))
-        stages.append(self._stage("collate", Step(self.collate_fn, setup), workers))
+            step = Step(fn, setup, per_sample=True, batched=batched, position=len(stages))
+            stages.append(self._stage(name, step))
+        collate = Step(own_collate(self.collate_fn), setup, position=len(stages))
+        stages.append(self._stage("collate", collate, workers))
         for name, fn in self._batch_transforms:
-            stages.append(self._stage(name, Step(fn, setup), workers))
+            stages.append(self._stage(name, Step(fn, setup, position=len(stages)), workers))
         stages = fuse_groups(stages, self._fusion([s.name for s in stages]))
         pipeline = Pipeline(
             _PlanSource(self._plans if self.persistent_workers else None),
@@ -279,6 +324,7 @@ class DataLoader(torch.utils.data.DataLoader):
             samples_per_item=self.batch_size or 1,
             start_method="fork",
         )
+        pipeline.source.stopping = pipeline._stop
         pipeline.apply(self._allocation)  # an unstarted pipeline only records it
         return pipeline
 
@@ -310,15 +356,20 @@ class DataLoader(torch.utils.data.DataLoader):
     # ----------------------------------------------------------------- epochs
 
     def __iter__(self) -> _EpochIterator:
-        """Start an epoch (ending the one before, if still running) and return its iterator.
+        """Start an epoch and return its iterator. Without persistent workers an iteration
+        still running goes on beside it with its own pipeline, as torch's iterators each have
+        their own workers (``zip(loader, loader)``); the agent's handle is the newest's. With
+        persistent workers (one pipeline) the running one ends, and says so at its next
+        ``next()``.
 
         The switch runs outside the loader's ``_lock``: meanwhile ``metrics()`` reads the
         pipeline current then (idle rows at the next epoch's allocation, between epochs), and
         an ``apply()`` is recorded for the next epoch's pipeline, which starts at it."""
+        self._own_runtime()
         with self._switch_lock:
-            current = self._epoch_iterator
-            if current is not None:
-                current.close(superseded=True)
+            if self.persistent_workers:
+                for current in self._live_iterators():
+                    current.close(superseded=True)
             self._epoch += 1
             epoch = self._epoch
             # As torch: a new base seed per iterator (once only with persistent workers),
@@ -328,7 +379,12 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._base_seed = int(
                     torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
                 )
-            items = self._epoch_items(epoch)
+                self._base_seed_epoch = epoch
+            # The seed of this epoch's batches (steps.py): a persistent pipeline's epochs share
+            # one base seed, and each must draw its own numbers, as torch's workers go on
+            # drawing from their streams.
+            epoch_seed = fold(self._base_seed, epoch - self._base_seed_epoch)
+            items = self._epoch_items(epoch, epoch_seed)
             if self.persistent_workers:
                 if first_pipeline:
                     self._plans = _Plans()
@@ -340,14 +396,24 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._start(pipeline)
             with self._lock:
                 iterator = _EpochIterator(self, self._receiver, epoch)
-                self._epoch_iterator_ref = weakref.ref(iterator)
+                self._iterator_refs.append(weakref.ref(iterator))
             return iterator
 
-    @property
-    def _epoch_iterator(self) -> _EpochIterator | None:
-        """The running epoch's iterator, while someone holds it."""
-        ref = self._epoch_iterator_ref
-        return ref() if ref is not None else None
+    def _live_iterators(self) -> list[_EpochIterator]:
+        """The running iterations' iterators that someone still holds, oldest first."""
+        with self._lock:
+            live = [ref() for ref in self._iterator_refs]
+        return [iterator for iterator in live if iterator is not None]
+
+    def _own_runtime(self) -> None:
+        """In a child forked from the process that made the loader (``os.fork()``, a
+        ``multiprocessing`` fork) start afresh, as a copy does (``__setstate__``): the epoch
+        and pipeline it holds are its parent's. Ending them from the child stopped the
+        parent's pipeline (its workers killed through inherited pidfds, its shared memory
+        removed: the parent's epoch failed), and a persistent pipeline, whose threads are not
+        in the child, left the child's loop waiting for ever."""
+        if os.getpid() != self._owner_pid:
+            self._init_runtime()
 
     def _start(self, pipeline: Pipeline) -> None:
         """Start ``pipeline`` (worker launches: seconds on a loaded host) without the loader's
@@ -368,12 +434,19 @@ class DataLoader(torch.utils.data.DataLoader):
                 with self._lock:
                     self._pipeline = pipeline
                     self._receiver = receiver
+                    self._receivers.append(receiver)
 
-    def _epoch_items(self, epoch: int) -> Iterator[Item]:
+    def _epoch_items(self, epoch: int, epoch_seed: int) -> Iterator[Item]:
         """What the source feeds for one epoch: index lists then ``EpochEnd``, or (iterable
-        datasets) endless ticks that the readers answer, numbered (see ``Read``)."""
+        datasets) endless ticks that the readers answer, numbered (see ``Read``). Batch ``k``
+        carries the seed ``fold(epoch_seed, k)``; a tick carries ``epoch_seed``."""
         if self._iterable:
-            return zip(itertools.repeat(epoch), itertools.repeat(0), itertools.count())
+            return zip(
+                itertools.repeat(epoch),
+                itertools.repeat(0),
+                itertools.count(),
+                itertools.repeat(epoch_seed),
+            )
         indices = iter(self._index_sampler)
         # Draw the first batch here, in the caller's thread, as torch's iterator does when it
         # starts: a sampler seeded from the global RNG takes its seed now, not in our feeder.
@@ -381,7 +454,9 @@ class DataLoader(torch.utils.data.DataLoader):
         batched = self._auto_collation
 
         def items() -> Iterator[Item]:
-            yield from ((epoch, (len(idx) if batched else 1), idx) for idx in first)
+            number = itertools.count()  # every batch of the sampler's, a failed one included
+            for idx in first:
+                yield epoch, (len(idx) if batched else 1), idx, fold(epoch_seed, next(number))
             while True:
                 try:
                     idx = next(indices)
@@ -395,10 +470,10 @@ class DataLoader(torch.utils.data.DataLoader):
                     failed = SamplerFailed(
                         f"{type(exc).__name__}: {exc}", traceback.format_exc(), error_type_name(exc)
                     )
-                    yield epoch, 0, failed
+                    yield epoch, 0, failed, fold(epoch_seed, next(number))
                     continue
-                yield epoch, (len(idx) if batched else 1), idx
-            yield epoch, 0, EpochEnd(epoch)
+                yield epoch, (len(idx) if batched else 1), idx, fold(epoch_seed, next(number))
+            yield epoch, 0, EpochEnd(epoch), 0
 
         return items()
 
@@ -407,19 +482,27 @@ class DataLoader(torch.utils.data.DataLoader):
         pipeline is swapped for the next epoch's under the lock, and stopped after it
         (``collected``: the iterator is being garbage-collected; see ``_stop_soon``)."""
         with self._lock:
-            current = self._epoch_iterator
-            if current is iterator or current is None:  # None: it is being collected
-                self._epoch_iterator_ref = None
+            # A reference that answers None is one being collected (this one, or another).
+            self._iterator_refs = [
+                ref for ref in self._iterator_refs if ref() not in (None, iterator)
+            ]
             if self.persistent_workers:
                 if self._plans is not None:
                     self._plans.finish(iterator.epoch)
                 return
             receiver = iterator.receiver
-            if self._receiver is not receiver:
+            if receiver not in self._receivers:
                 return  # close() stopped it already
-            # The next epoch's pipeline, unstarted: the agent keeps a handle meanwhile.
-            self._pipeline = self._build_pipeline(self._base_seed or 0)
-            self._receiver = None
+            self._receivers.remove(receiver)
+            if self._receiver is receiver:
+                if self._receivers:
+                    # An older iteration still runs (zip(loader, loader)): the agent's handle.
+                    self._receiver = self._receivers[-1]
+                    self._pipeline = self._receiver.pipeline
+                else:
+                    # The next epoch's pipeline, unstarted: the agent keeps a handle meanwhile.
+                    self._pipeline = self._build_pipeline(self._base_seed or 0)
+                    self._receiver = None
         if collected:
             _stop_soon(receiver)
         else:
@@ -427,19 +510,20 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def close(self) -> None:
         """Stop the workers now (persistent ones included); the loader can iterate again."""
+        self._own_runtime()
         with self._switch_lock:
-            current = self._epoch_iterator
-            if current is not None:
+            for current in self._live_iterators():
                 current.close()
             with self._lock:
-                self._epoch_iterator_ref = None
-                receiver, self._receiver = self._receiver, None
+                self._iterator_refs = []
+                receivers, self._receivers = self._receivers, []
+                self._receiver = None
                 plans, self._plans = self._plans, None
                 self._base_seed = None
                 self._pipeline = self._build_pipeline(0)
             if plans is not None:
                 plans.close()
-            if receiver is not None:
+            for receiver in receivers:
                 receiver.stop()
 
     def __del__(self) -> None:
@@ -449,8 +533,8 @@ class DataLoader(torch.utils.data.DataLoader):
         try:
             if self._plans is not None:
                 self._plans.close()
-            if self._receiver is not None:
-                _stop_soon(self._receiver)
+            for receiver in self._receivers:
+                _stop_soon(receiver)
         except Exception:
             pass
 
@@ -494,6 +578,15 @@ class DataLoader(torch.utils.data.DataLoader):
             with self._lock:
                 self._allocation = {**self._allocation, **allocation}
                 current = self._pipeline
+                # Older iterations still running (zip(loader, loader)) run at it too.
+                older = [
+                    receiver.pipeline
+                    for receiver in self._receivers
+                    if receiver.pipeline not in (pipeline, current)
+                ]
+            for other in older:
+                with contextlib.suppress(PipelineStopped):
+                    other.apply(allocation)
             if current is not pipeline:
                 # Swapped meanwhile for the next epoch's, unstarted (only a start, under
                 # _apply_lock, makes a started one current): it records the allocation.
@@ -555,7 +648,8 @@ class _EpochIterator:
                 # loader) would yield nothing): say why there is no next batch.
                 raise RuntimeError(
                     "this DataLoader iterator was ended by a newer iter() of the same loader: "
-                    "agents.torch.DataLoader runs one iteration at a time"
+                    "with persistent_workers=True, agents.torch.DataLoader runs one iteration "
+                    "at a time (its one pipeline serves one epoch at a time)"
                 )
             if self._closed_early:
                 # As for a newer iter(): an epoch cut short must not look like a whole one.
@@ -568,7 +662,7 @@ class _EpochIterator:
         lost = False
         try:
             while True:
-                epoch, samples, payload = self.receiver.next(self._timeout)
+                epoch, samples, payload, _ = self.receiver.next(self._timeout)
                 if epoch != self.epoch or isinstance(payload, Skipped):
                     continue  # what is left of an abandoned epoch is dropped; see Skipped
                 if isinstance(payload, EpochEnd):
@@ -775,6 +869,8 @@ class _PlanSource:
     def __init__(self, plans: _Plans | None) -> None:
         self.plans = plans
         self.items: Iterator[Item] | None = None
+        # The pipeline's stop: a persistent feeder waiting for the next epoch leaves on it.
+        self.stopping: threading.Event | None = None
         # (first source number, epoch) at each change of epoch: which epoch a failed item
         # belonged to (a failure carries no payload, so no epoch tag of its own).
         self._starts: list[tuple[int, int]] = []
@@ -783,7 +879,7 @@ class _PlanSource:
         if self.plans is None:
             items = self.items if self.items is not None else iter(())
         else:
-            items = self.plans.feed()
+            items = self.plans.feed(self.stopping or threading.Event())
         return self._numbered(items)
 
     def _numbered(self, items: Iterator[Item]) -> Iterator[Item]:
@@ -825,11 +921,14 @@ class _Plans:
         self._closed = True
         self._queue.put(None)
 
-    def feed(self) -> Iterator[Item]:
-        """Every epoch's items, as the consumer begins them; ends when closed."""
-        while not self._closed:
+    def feed(self, stopping: threading.Event) -> Iterator[Item]:
+        """Every epoch's items, as the consumer begins them; ends when closed, or when
+        ``stopping`` (the pipeline's stop) is set. A pipeline stopped without the loader's
+        close() (at the interpreter's exit after Ctrl-C; ``loader.pipeline.stop()``) waited
+        0.5 s for this thread and then warned of it as "still inside user code"."""
+        while not self._closed and not stopping.is_set():
             try:
-                plan = self._queue.get(timeout=POLL_S * 5)
+                plan = self._queue.get(timeout=POLL_S / 5)
             except queue.Empty:
                 continue
             if plan is None:

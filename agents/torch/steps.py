@@ -1,10 +1,22 @@
 """The stage functions of ``agents.torch.DataLoader``, and what each worker does first.
 
-Every item on the way through the pipeline is ``(epoch, samples, payload)``: the epoch it
-belongs to (a persistent pipeline serves several, and drops what is left of an abandoned
-one), how many samples it carries (for samples/s), and the payload: indices, then a list of
-samples, then a batch. An ``EpochEnd`` payload marks the end of an epoch; it passes through
-every stage untouched and tells the consumer to stop.
+Every item on the way through the pipeline is ``(epoch, samples, payload, seed)``: the epoch
+it belongs to (a persistent pipeline serves several, and drops what is left of an abandoned
+one), how many samples it carries (for samples/s), the payload (indices, then a list of
+samples, then a batch) and the batch's seed (see ``seed_generators``). An ``EpochEnd``
+payload marks the end of an epoch; it passes through every stage untouched and tells the
+consumer to stop.
+
+Repeatable randomness. torch hands batch ``k`` to worker ``k % num_workers``, whose generators
+were seeded ``base_seed + id``, so the draws of a seeded run repeat. Ours hand a batch to
+whichever worker is free, and the tuner changes their number mid-epoch, so a worker's stream
+says nothing about a batch. Instead every step sets its process's generators (torch's, the
+``random`` module's, numpy's global one) before each batch, from the batch's own seed and the
+step's place in the loader: the fold-in of tf.data's stateless random ops
+(``tf.random.experimental.stateless_fold_in``), applied to the global generators that
+datasets and transforms written for torch draw from. A batch's draws then depend on the
+epoch's base seed and the batch's place only: not on which worker runs it, how many there are,
+a resize, or which steps share a process (a step reseeds whether fused or not).
 
 Payloads travel through the runtime's shared memory (``shm_min_bytes=1``); like every payload
 of the runtime they never depend on the process that sent them (``agents.pipeline.shm``), and
@@ -17,6 +29,7 @@ import itertools
 import multiprocessing
 import os
 import random
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +39,45 @@ import torch
 
 from agents.process_lock import ProcessLock
 
-Item = tuple[int, int, Any]
+Item = tuple[int, int, Any, int]
+
+MASK64 = (1 << 64) - 1
+MASK32 = (1 << 32) - 1
+BEGIN = MASK64  # in place of a batch's index: a reader's iter(dataset), before its batches
+_GOLDEN = 0x9E3779B97F4A7C15
+_NUMPY = 0x6E756D7079  # folded into numpy's seed: its legacy seeding is torch's mt19937 init
+
+
+def _mix(value: int) -> int:
+    """SplitMix64's finalizer: a 64-bit value whose every bit depends on every bit of ``value``."""
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK64
+    return value ^ (value >> 31)
+
+
+def fold(seed: int, *data: int) -> int:
+    """A 64-bit seed derived from ``seed`` and each of ``data`` in turn (a batch's index, a
+    step's place): different data give unrelated seeds, the same data the same seed."""
+    seed &= MASK64
+    for datum in data:
+        seed = _mix(seed ^ _mix((datum + _GOLDEN) & MASK64))
+    return seed
+
+
+def seed_generators(seed: int) -> None:
+    """Set this process's global generators from one 64-bit seed: torch's CPU generator (what
+    ``torch.initial_seed()`` answers), ``random``'s and, once numpy is imported (torch imports
+    it when it can), ``numpy.random``'s. About 15 us (measured: torch's 1 us, ``random`` 8 us,
+    numpy 3 us): ``torch.manual_seed`` would cost 150 us, for the lazy CUDA seeding it queues.
+
+    numpy's legacy seeding of a 32-bit seed is the same mt19937 initialisation as torch's, so
+    numpy gets a seed of its own (torch's workers use ``_generate_state`` for the same reason).
+    """
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(fold(seed, _NUMPY) & MASK32)
 
 
 @dataclass(frozen=True)
@@ -82,6 +133,10 @@ class WorkerSetup:
     ``get_worker_info()`` is ``None`` and ``worker_init_fn`` is never called; so here too,
     though our stages still run in worker processes (which are seeded all the same).
 
+    ``repeatable``: every step then reseeds the generators before each batch
+    (``seed_generators``, from the item's seed), after this setup: ``worker_init_fn`` and
+    ``get_worker_info().seed`` see torch's per-worker seed, the batches their own.
+
     Worker ids come from ``counter`` (shared by the loader's worker processes, so every
     process gets its own id, a worker started by a live resize the next one); a reader of an
     iterable dataset passes its own id to ``ensure`` instead (reader ``i`` is worker ``i`` of
@@ -97,6 +152,7 @@ class WorkerSetup:
     # every later worker of the loader would wait on it for ever).
     counter: Any = None
     as_workers: bool = True
+    repeatable: bool = False
     _pid: int = field(default_factory=os.getpid)
 
     def ensure(self, worker_id: int | None = None) -> None:
@@ -155,6 +211,36 @@ def _set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) 
 
 
 @dataclass(frozen=True)
+class PrivateCollate:
+    """torch's ``default_collate`` with ``get_worker_info()`` hidden while it runs, so that it
+    stacks each batch in the worker's own memory. In a worker it otherwise puts every batch
+    in a new shared-memory segment of torch's (for torch's own result queue), which ours
+    never use: the runtime ships results through ``agents.pipeline.shm``, which copies the
+    batch once more and, where ``/dev/shm`` is full (Docker's 64 MiB), falls back to the
+    worker's pipe; torch's segment instead raised "unable to allocate shared memory(shm)"
+    there, every batch. Only torch's own collate is wrapped: a ``collate_fn`` of the user's
+    sees ``get_worker_info()`` as in torch's workers."""
+
+    fn: Callable[[Any], Any]
+
+    def __call__(self, batch: Any) -> Any:
+        from torch.utils.data._utils import worker
+
+        info, worker._worker_info = worker._worker_info, None
+        try:
+            return self.fn(batch)
+        finally:
+            worker._worker_info = info
+
+
+def own_collate(collate_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``collate_fn`` as the collate step runs it (``PrivateCollate`` for torch's own)."""
+    if collate_fn is torch.utils.data.default_collate:
+        return PrivateCollate(collate_fn)
+    return collate_fn
+
+
+@dataclass(frozen=True)
 class Fetch:
     """Map-style access, as torch's fetcher does it: a list of samples for a list of indices
     (``dataset.__getitems__`` when the dataset has one), one sample without auto-batching."""
@@ -175,24 +261,29 @@ class Fetch:
 @dataclass(frozen=True)
 class Step:
     """One stage of the loader: ``fn`` on the payload (``per_sample``: on each sample of a
-    batched payload), keeping the epoch and sample count; ``EpochEnd`` passes untouched."""
+    batched payload), keeping the epoch, sample count and seed; ``EpochEnd`` passes untouched.
+    ``position``: the step's place in the loader (``fetch`` or ``read`` 0), folded into the
+    batch's seed so that each step draws its own numbers whether fused or not."""
 
     fn: Callable[[Any], Any]
     setup: WorkerSetup
     per_sample: bool = False
     batched: bool = True
+    position: int = 0
 
     def __call__(self, item: Item) -> Item:
         """Apply the step to one item."""
-        epoch, samples, payload = item
+        epoch, samples, payload, seed = item
         if isinstance(payload, EpochEnd | SamplerFailed | Skipped):
             return item
         self.setup.ensure()
+        if self.setup.repeatable:
+            seed_generators(fold(seed, self.position))
         if self.per_sample and self.batched:
             payload = [self.fn(sample) for sample in payload]
         else:
             payload = self.fn(payload)
-        return epoch, samples, payload
+        return epoch, samples, payload, seed
 
 
 # This process's slot in the ``read`` stage (``Stage.init`` sets it): which reader it is.
@@ -213,9 +304,17 @@ class Read:
     samples per item (fewer at the end of a reader's share, none with ``drop_last``), one
     sample per item without auto-batching. A new epoch (the tick's tag) starts a new
     ``iter(dataset)``; an exhausted reader answers ``EpochEnd(epoch, reader)``. A tick is
-    ``(epoch, 0, number)``, numbered within its epoch: a reader answers ticks in increasing
-    order only, so its batches and its end reach the consumer in the order it read them;
-    one that comes after a later one (a dead reader's, handed on) is answered ``Skipped``.
+    ``(epoch, 0, number, epoch_seed)``, numbered within its epoch: a reader answers ticks in
+    increasing order only, so its batches and its end reach the consumer in the order it read
+    them; one that comes after a later one (a dead reader's, handed on) is answered ``Skipped``.
+
+    Randomness (``setup.repeatable``): reader ``i`` sets the generators from
+    ``fold(epoch_seed, i, BEGIN)`` before ``iter(dataset)`` (after ``worker_init_fn``, which
+    sees torch's seed ``base_seed + i``), and from ``fold(epoch_seed, i, j)`` (step 0) before
+    its ``j``-th batch of the epoch, whose seed it hands on with the batch to the steps after
+    it. Reader ``i``'s draws so repeat whatever the interleaving of the readers, the resizes of
+    the stages after it, and what is fused with it (the state a fused step left in the
+    process, a persistent reader's next ``iter()`` included, is never drawn from).
 
     ``begun`` (a shared array, one entry per reader) records the last epoch each reader began:
     a reader process started again in the middle of an epoch (its predecessor died) cannot
@@ -250,10 +349,11 @@ class Read:
         self._lost = ""
         # The (epoch, number) of the last tick this process answered (see Skipped).
         self._answered: tuple[int, int] | None = None
+        self._batches_read = 0  # of this reader's share of the current epoch
 
     def __call__(self, tick: Item) -> Item:
         """Read this reader's next item of the tick's epoch."""
-        epoch, _, number = tick
+        epoch, _, number, epoch_seed = tick
         if self._reader is None:
             self._reader = self._claim(_reader_slot)
         reader = self._reader
@@ -267,7 +367,7 @@ class Read:
             # reader gave before; with its end, ahead of them too, and the epoch could end
             # without them. A tick of an earlier epoch began that epoch again (and the next
             # tick failed the current one's share as if this reader had died in it).
-            return epoch, 0, Skipped()
+            return epoch, 0, Skipped(), 0
         self._answered = (epoch, number)
         if epoch != self._epoch:
             # Ended until iter() returns: a dataset whose __iter__ raises (or a reader whose
@@ -281,17 +381,24 @@ class Read:
             # again. Before, every replacement died before recording it, each tick failed
             # (WorkerDied) and no reader lived to end the share: an endless epoch of errors.
             self._epoch, self._ended, self._iterator = epoch, True, None
+            self._batches_read = 0
             self._lost = self._begin(epoch, reader)
             if not self._lost:
                 self.setup.ensure(worker_id=reader)
+                if self.setup.repeatable:
+                    seed_generators(fold(epoch_seed, reader, BEGIN))
                 self._iterator = iter(self.dataset)
                 self._ended = False
-        end = (epoch, 0, EpochEnd(epoch, reader, self._lost))
+        end = (epoch, 0, EpochEnd(epoch, reader, self._lost), 0)
         if self._ended:
             return end
+        seed = fold(epoch_seed, reader, self._batches_read)
+        self._batches_read += 1
+        if self.setup.repeatable:
+            seed_generators(fold(seed, 0))
         if self.batch_size is None:
             try:
-                return epoch, 1, next(self._iterator)
+                return epoch, 1, next(self._iterator), seed
             except StopIteration:
                 self._ended = True
                 return end
@@ -300,7 +407,7 @@ class Read:
             self._ended = True
             if not samples or self.drop_last:
                 return end
-        return epoch, len(samples), samples
+        return epoch, len(samples), samples, seed
 
     def _claim(self, slot: int) -> int:
         """The reader this process is: its slot's, if free, else one whose process died.

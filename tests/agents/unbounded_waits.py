@@ -126,6 +126,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "socket's timeout (_REQUEST_TIMEOUT_S, 10 s) bounds the send, and the launcher only "
         "reads requests, so the send waits only when the launcher is gone"
     ),
+    ("agents/pipeline/zygote.py", "Zygote.how_it_ended", "with self._lock: self._socket.recv"): (
+        "MSG_DONTWAIT: never waits; it reads what a dead launcher left on its socket"
+    ),
     ("agents/pipeline/zygote.py", "Zygote.spawn", "with FORK_LOCK: socket.send_fds"): (
         "the pipe ends in flight must not be copied by another fork of ours until they are "
         "sent and closed here; bounded by the socket's timeout (_REQUEST_TIMEOUT_S, 10 s)"
@@ -198,6 +201,10 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
     ("agents/pipeline/zygote.py", "Zygote._lock"): (
         "one request to the launcher at a time: a send and the numbered answer, each bounded "
         "by the socket's 10 s timeout (_answer_to gives up after _REQUEST_TIMEOUT_S)"
+    ),
+    ("agents/torch/auto.py", "_Tuned.lock"): (
+        "intune-run's list of a process's loaders and its one agent: its holders append a weak "
+        "reference, read the list or swap a field; the attach and the agent's stop run outside it"
     ),
     ("agents/torch/loader.py", "DataLoader._lock"): (
         "the references to the epoch's pipeline, receiver and iterator, and the allocation: "

@@ -113,3 +113,13 @@ def test_a_pipeline_streams_to_the_stand_in_and_applies_its_allocation(agent_ven
             agent.terminate()
             output = agent.communicate(timeout=30)[0]
         assert agent.returncode == 0, output
+
+
+def test_intune_run_ships_its_hook_and_leaves_a_process_without_torch_alone(agent_venv):
+    assert "--loader" in in_venv(agent_venv, "intune-run", "--help").stdout
+    probe = "import sys; print('agents.autorun' in sys.modules, 'torch' in sys.modules)"
+    result = in_venv(agent_venv, "intune-run", "--url", "http://127.0.0.1:9", "--host-id", "1",
+                     "--token", "ia_x", "--", str(agent_venv / "bin" / "python"), "-c", probe)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # The wheel's sitecustomize ran (its hook waits for torch), and torch was not imported.
+    assert result.stdout.split() == ["True", "False"], result.stdout + result.stderr

@@ -72,20 +72,53 @@ def test_len_is_torchs(datasets):
             assert len(DataLoader(dataset, **kwargs)) == len(tud.DataLoader(dataset, **kwargs))
 
 
+class Served:
+    """A batch transform that notes which process ran it, then doubles the batch."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, batch):
+        with open(self.path, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        return slow_double(batch)
+
+
+class ServedSlow(Slow):
+    """Slow, noting which process fetched each item."""
+
+    def __init__(self, path, n):
+        super().__init__(n)
+        self.path = path
+
+    def __getitem__(self, i):
+        with open(self.path, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        return super().__getitem__(i)
+
+
 def test_worker_init_fn_runs_once_in_each_worker_process_with_its_worker_info(tmp_path):
-    record = tmp_path / "init.txt"
-    loader = DataLoader(Slow(40), batch_size=4, num_workers=2, worker_init_fn=RecordInit(record),
-                        batch_transforms=[slow_double])  # fmt: skip
+    """Every worker process that serves a batch ran worker_init_fn first, once, with its own
+    id. A worker that never gets a batch (one of the four, now and then, on a loaded host: the
+    batches go to whichever worker is free) never runs it: setup comes before a worker's first
+    item (``WorkerSetup``); torch's workers run it when they start (docs/reliability.md)."""
+    record, served = tmp_path / "init.txt", tmp_path / "served.txt"
+    loader = DataLoader(ServedSlow(served, 40), batch_size=4, num_workers=2,
+                        worker_init_fn=RecordInit(record), batch_transforms=[Served(served)])  # fmt: skip
     try:
         assert [int(b[0]) for b in loader] == list(range(0, 80, 8))
         calls = [line.split() for line in record.read_text().splitlines()]
+        serving = {int(line) for line in served.read_text().splitlines()}
     finally:
         loader.close()
     pids = [int(c[0]) for c in calls]
-    assert len(pids) == len(set(pids)) == 4, f"one call per worker process of 2 stages x 2: {calls}"
+    assert len(pids) == len(set(pids)) <= 4, f"at most one call a worker of 2 stages x 2: {calls}"
+    assert serving <= set(pids), "a worker served a batch without running worker_init_fn"
+    assert len(serving) >= 2, "each of the two stages has a worker that served"
     assert os.getpid() not in pids
-    assert sorted(int(c[1]) for c in calls) == [0, 1, 2, 3], "each worker has an id of its own"
-    assert all(c[1] == c[2] and c[3] == "2" and c[4] == "Slow" for c in calls)
+    ids = sorted(int(c[1]) for c in calls)
+    assert len(set(ids)) == len(ids) and set(ids) <= {0, 1, 2, 3}, "ids of their own"
+    assert all(c[1] == c[2] and c[3] == "2" and c[4] == "ServedSlow" for c in calls)
 
 
 class Random(tud.Dataset):
@@ -174,8 +207,12 @@ def test_leaving_an_epoch_early_then_starting_again_gives_a_whole_epoch(
         first = iter(loader)
         next(first)
         same_epoch(iter(loader), tud.DataLoader(dataset, batch_size=4))
-        # A new iteration ended the one before: it says so rather than ending quietly, which
-        # would cut an epoch short without a word (zip(loader, loader) would yield nothing).
+        if not persistent:
+            # Each iterator has its own workers, as torch's: the first goes on with its epoch.
+            assert float(next(first)[0][0, 0]) == 4.0
+            return
+        # With persistent workers (one pipeline) a new iteration ended the one before: it says
+        # so rather than ending quietly, which would cut an epoch short without a word.
         with pytest.raises(RuntimeError, match="ended by a newer iter"):
             next(first)
     finally:

@@ -61,7 +61,11 @@ def test_metrics_and_apply_return_at_once_during_an_epoch_switch_and_the_allocat
         time.sleep(0.2)
         switch_at[0] = time.monotonic()
         switching.set()
-        second = iter(loader)  # ends the first epoch (workers inside __getitem__), starts one
+        # The switch: the first epoch ends (its workers inside __getitem__: their grace, a
+        # kill), as a loop's end or close() ends it, and the next starts. A new iter() alone
+        # no longer ends it: each iterator has its own pipeline, as torch's its own workers.
+        first.close()
+        second = iter(loader)
         switch_s = time.monotonic() - switch_at[0]
         time.sleep(0.2)  # samples after the switch too
         done.set()
