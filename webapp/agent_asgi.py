@@ -32,6 +32,7 @@ import logging
 import re
 import signal
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
@@ -267,9 +268,8 @@ class AgentFront:
     def __init__(self, django_asgi, threads: int | None = None) -> None:
         self.django = django_asgi
         self.wsgi = WSGIHandler()
-        self.pool = ThreadPoolExecutor(
-            max_workers=threads or envint("INTUNE_WEB_THREADS", 8), thread_name_prefix="agent"
-        )
+        self.threads = threads or envint("INTUNE_WEB_THREADS", 8)
+        self.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="agent")
         self.waker = AllocationWaker()
         self.max_body = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 2_621_440
         self.lean_post = lean.LeanBatchPost() if lean.enabled() else None
@@ -348,6 +348,7 @@ class AgentFront:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self._chain_signals()
+                self._start_pool_threads()
                 self.waker.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -355,6 +356,23 @@ class AgentFront:
                 self.pool.shutdown(wait=False, cancel_futures=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def _start_pool_threads(self) -> None:
+        """Every thread of the pool at startup, as the web process opens a connection per thread
+        up front (webapp/gunicorn_conf.py): a ThreadPoolExecutor starts one only when none is
+        idle, so the process's threads otherwise grew with the first bursts, after it was taken
+        as ready. Each start-up task waits for the others (bounded), so none is idle before all
+        have started; the loop does not wait for them."""
+        gathered = threading.Barrier(self.threads)
+
+        def arrive() -> None:
+            try:
+                gathered.wait(timeout=10)
+            except threading.BrokenBarrierError:
+                pass  # a thread that was slow to start: the pool starts it on demand instead
+
+        for _ in range(self.threads):
+            self.pool.submit(arrive)
 
     def _chain_signals(self) -> None:
         """On SIGTERM/SIGINT, after the server's own handler, answer every held long-poll (the

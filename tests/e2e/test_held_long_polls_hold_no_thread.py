@@ -132,9 +132,11 @@ def test_held_long_polls_cost_no_thread_and_are_all_answered_by_one_publish(stac
 
     result = asyncio.run(scenario())
     before, during = result["threads"]
-    # 220 waits held; a thread each (the former gthread worker) would add 220. The psycopg pool
-    # may start its few maintenance threads meanwhile: a little slack, far below one per poll.
-    assert during - before <= 3, f"{during - before} threads added by {HELD + OTHER} held polls"
+    # 220 waits held; a thread each (the former gthread worker) would add 220. The front starts
+    # its POOL_THREADS at startup (CI once saw all 4 start during the held polls, when the pool
+    # started them on demand); the psycopg pool may start its few maintenance threads meanwhile.
+    added = during - before
+    assert added <= 3, f"{added} threads added by {HELD + OTHER} held polls"
     statuses = [r.status_code for r in result["a"]]
     assert statuses == [200] * HELD, f"answers of host A's polls: {sorted(set(statuses))}"
     versions = {r.json()["version"] for r in result["a"]}
