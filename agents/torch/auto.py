@@ -22,13 +22,15 @@ import logging
 import math
 import os
 import threading
+import time
+import types
 import weakref
 from typing import Any
 
 import torch.utils.data
 import torch.utils.data.dataloader
 
-from agents.torch.loader import DataLoader
+from agents.torch.loader import DataLoader, _T_co
 
 log = logging.getLogger("agents.autorun")
 
@@ -46,15 +48,42 @@ def _num_workers(args: tuple, kwargs: dict) -> int:
     return args[_NUM_WORKERS_AT] if len(args) > _NUM_WORKERS_AT else 0
 
 
+# torch's own iteration: its iterator classes (``_get_iterator``) and the iterator a loader
+# keeps (``_iterator``: persistent workers, and the place in an epoch that a checkpoint
+# saves). A subclass that defines ``_get_iterator``, or an ``__iter__``, ``state_dict`` or
+# ``load_state_dict`` that reaches either, extends torch's iteration (torchdata's
+# StatefulDataLoader does), which our loader replaces: it is kept torch's own, untuned. One
+# that wraps ``super().__iter__()`` or saves its sampler's state is served as any other.
+TORCH_ITERATION = frozenset({"_get_iterator", "_iterator"})
+_MAY_REACH_IT = ("__iter__", "state_dict", "load_state_dict")
+
+
 class _AutoMeta(type):
     """Builds torch's loader for ``num_workers=0``; answers ``isinstance`` and ``issubclass``
-    for torch's class, since it stands in its place."""
+    for torch's class, since it stands in its place; keeps a subclass that extends torch's
+    own iteration (:data:`TORCH_ITERATION`) torch's (:func:`_torch_subclass`)."""
+
+    def __new__(mcls, name: str, bases: tuple, namespace: dict, **kwargs: Any) -> type:
+        auto = globals().get("AutoDataLoader")
+        reached = _reaches_torch_iteration(namespace) if auto is not None else []
+        if reached and auto in bases:
+            return _torch_subclass(name, bases, namespace, reached, **kwargs)
+        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        if reached:
+            # Below a subclass of ours (class B(A), A(DataLoader)): its loaders run ours
+            # where it calls super(), and are not tuned (its iteration may be torch's).
+            cls._intune_unserved = True
+            _unserved(cls, f"{', '.join(reached)} use torch's own iteration")
+        return cls
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is AutoDataLoader and _num_workers(args, kwargs) == 0:
             return _TORCH(*args, **kwargs)
         loader = super().__call__(*args, **kwargs)
-        _tuned.built(loader)
+        if "_pipeline" not in vars(loader):
+            _unserved(cls, "its __init__ does not call DataLoader.__init__")
+        elif not getattr(cls, "_intune_unserved", False):
+            _tuned.built(loader)
         return loader
 
     def __instancecheck__(cls, obj: Any) -> bool:
@@ -68,11 +97,66 @@ class _AutoMeta(type):
         return super().__subclasscheck__(sub)
 
 
-class AutoDataLoader(DataLoader, metaclass=_AutoMeta):
+def _reaches_torch_iteration(namespace: dict) -> list[str]:
+    """The methods of a class body that define or use torch's own iteration."""
+    reached = ["_get_iterator"] if "_get_iterator" in namespace else []
+    for name in _MAY_REACH_IT:
+        code = getattr(namespace.get(name), "__code__", None)
+        if code is not None and TORCH_ITERATION.intersection(_names(code)):
+            reached.append(name)
+    return reached
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The attribute and global names a function's code uses, its nested functions' too."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _torch_subclass(name: str, bases: tuple, namespace: dict, reached: list, **kwargs: Any):
+    """The class ``class name(*bases)`` with torch's DataLoader where ``AutoDataLoader`` was.
+
+    A library imported after torch subclasses the name ``torch.utils.data.DataLoader``, ours
+    under ``intune-run``. torchdata's ``StatefulDataLoader`` (0.11) builds itself without
+    ``DataLoader.__init__`` and iterates with torch's iterators, extended to checkpoint an
+    epoch's place: left on ours, the first iteration of any other loader raised in the
+    training loop (``AttributeError: ... no attribute '_pipeline'``), since ours was chosen to
+    be tuned and had never been built."""
+    auto = AutoDataLoader
+    bases = tuple(_TORCH if base is auto else base for base in bases)
+    if "__orig_bases__" in namespace:  # class X(DataLoader[T]): typing's record of it
+        namespace = dict(namespace)
+        namespace["__orig_bases__"] = tuple(
+            _TORCH[base.__args__] if getattr(base, "__origin__", None) is auto else base
+            for base in namespace["__orig_bases__"]
+        )
+    cls = type(name, bases, namespace, **kwargs)
+    _unserved(cls, f"{', '.join(reached)} use torch's own iteration")
+    return cls
+
+
+def _unserved(cls: type, why: str) -> None:
+    """Say once per class that its loaders are not tuned, and why."""
+    if cls.__dict__.get("_intune_unserved_said"):
+        return
+    type.__setattr__(cls, "_intune_unserved_said", True)
+    log.info(
+        "intune-run: %s.%s is not tuned (%s): its loaders load as torch's",
+        cls.__module__, cls.__qualname__, why,
+    )  # fmt: skip
+
+
+class AutoDataLoader(DataLoader[_T_co], metaclass=_AutoMeta):
     """``agents.torch.DataLoader``, standing in for torch's under ``intune-run``."""
 
     def __iter__(self) -> Any:
-        _tuned.iterating()
+        if "_pipeline" not in vars(self):
+            # A subclass whose __init__ is torch's, not ours (said once: _unserved).
+            return _TORCH.__iter__(self)
+        _tuned.iterating(self)
         return super().__iter__()
 
 
@@ -81,14 +165,29 @@ AutoDataLoader.__module__ = "torch.utils.data.dataloader"
 
 
 class _Tuned:
-    """This process's loaders, and the one attached."""
+    """This process's loaders, and the one attached.
+
+    With ``--loader largest`` the choice is made when the first iteration of any loader
+    starts: the one with the most batches among those built (alive). It moves, stopping the
+    agent and attaching another, when a loader starts an iteration and either has more
+    batches than the one tuned (Lightning builds the training loader from its
+    ``train_dataloader()`` hook after the sanity check has iterated the validation loader:
+    that one was tuned for the whole run), or the one tuned has not started an iteration
+    while another loader started two (a loader rebuilt by a library, accelerate's
+    ``prepare()`` or Lightning's distributed sampler, that the script still holds: it is
+    never iterated). Then it goes to the largest loader that has started an iteration."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.loaders: list[weakref.ref] = []
+        self.started: list[weakref.ref] = []  # those that have started an iteration
         self.decided = False
+        self.tuned: weakref.ref | None = None
+        self.starts_since_choice = 0
+        self.ours: weakref.WeakSet = weakref.WeakSet()  # the loaders this attached
         self.agent: Any = None
-        self.attaching: threading.Thread | None = None
+        self.generation = 0  # of the attaches started: the latest is the one in force
+        self.attaching: list[threading.Thread] = []
         self.pid = os.getpid()
         self.index: int | None = None  # None: the largest; else the index-th built
 
@@ -100,50 +199,106 @@ class _Tuned:
             if self.decided or self.index is None or len(self.loaders) != self.index + 1:
                 return
             self.decided = True
+            self.tuned = weakref.ref(loader)
         self._attach(loader, self.index)
 
-    def iterating(self) -> None:
+    def iterating(self, loader: DataLoader) -> None:
         with self.lock:
-            if self.decided or self.index is not None or self.pid != os.getpid():
+            if self.index is not None or self.pid != os.getpid():
                 return
+            if not any(ref() is loader for ref in self.started):
+                self.started.append(weakref.ref(loader))
+            choice = self._choice(loader)
+            if choice is None:
+                return
+            self.tuned = weakref.ref(choice)
+            index = next(i for i, ref in enumerate(self.loaders) if ref() is choice)
+        self._attach(choice, index)
+
+    def _choice(self, loader: DataLoader) -> DataLoader | None:
+        """The loader to tune from now on, if it changes (under the lock)."""
+        if not self.decided:
             self.decided = True
             alive = [(i, ref()) for i, ref in enumerate(self.loaders)]
-            alive = [(i, loader) for i, loader in alive if loader is not None]
-        if alive:
-            index, loader = max(alive, key=lambda pair: (_batches(pair[1]), -pair[0]))
-            self._attach(loader, index)
+            alive = [(i, each) for i, each in alive if each is not None]
+            if not alive:
+                return None
+            return max(alive, key=lambda pair: (_batches(pair[1]), -pair[0]))[1]
+        self.starts_since_choice += 1
+        tuned = self.tuned() if self.tuned is not None else None
+        tuned_started = tuned is not None and any(ref() is tuned for ref in self.started)
+        if tuned is loader:
+            return None
+        if tuned_started:
+            return loader if _batches(loader) > _batches(tuned) else None
+        if tuned is not None and self.starts_since_choice < 2:
+            return None  # the one tuned may be about to start
+        started = [ref() for ref in self.started]
+        started = [each for each in started if each is not None]
+        best = max(started, key=_batches)  # the first of the largest
+        return None if best is tuned else best
 
     def _attach(self, loader: DataLoader, index: int) -> None:
-        batches = _batches(loader)
-        size = "unsized" if math.isinf(batches) else f"{batches:.0f} batches"
-        what = f"DataLoader #{index} ({size}, stages {', '.join(loader.stage_names)})"
-        self.attaching = threading.Thread(
-            target=self._run_attach, args=(loader, what), name="intune-run attach", daemon=True
-        )
-        self.attaching.start()
+        try:
+            batches = _batches(loader)
+            size = "unsized" if math.isinf(batches) else f"{batches:.0f} batches"
+            what = f"DataLoader #{index} ({size}, stages {', '.join(loader.stage_names)})"
+        except Exception as exc:  # noqa: BLE001 - tuning never stops training
+            log.warning("intune-run: DataLoader #%d is not tuned: %r", index, exc)
+            return
+        with self.lock:
+            self.generation += 1
+            self.ours.add(loader)  # before attach() notes it: not taken for the script's own
+            self.attaching = [thread for thread in self.attaching if thread.is_alive()]
+            thread = threading.Thread(
+                target=self._run_attach, args=(loader, what, self.generation),
+                name="intune-run attach", daemon=True,
+            )  # fmt: skip
+            self.attaching.append(thread)
+        thread.start()
 
-    def _run_attach(self, loader: DataLoader, what: str) -> None:
+    def _run_attach(self, loader: DataLoader, what: str, generation: int) -> None:
+        """Stop the agent of the loader tuned before (if any), attach ``loader``. An attach
+        overtaken by a later one (a move while it waited on the control plane) stops the
+        agent it started."""
         import agents
 
-        if len(agents.attached):
+        with self.lock:
+            if generation != self.generation:
+                return
+            theirs = [p for p in agents.attached if p not in self.ours]
+            moving_from, self.agent = self.agent, None
+        if theirs:
             log.info("intune-run: the script attaches its own pipeline; %s is left to it", what)
             return
+        if moving_from is not None:
+            moving_from.stop()
+        if generation > 1:
+            log.info("intune-run: moving the tuning to %s", what)
         try:
             agent = agents.attach(loader)
         except Exception as exc:  # noqa: BLE001 - tuning never stops training
             log.warning("intune-run: %s is not tuned: %s", what, exc)
             return
         with self.lock:
-            self.agent = agent
+            current = generation == self.generation
+            if current:
+                self.agent = agent
+        if not current:
+            agent.stop()
+            return
         log.info("intune-run: tuning %s as host %s", what, os.environ.get("INTUNE_HOST_ID"))
 
     def stop(self) -> None:
-        """At exit: let an attach under way end (a daemon thread still logging while the
-        interpreter finalizes can abort it), then stop the agent; each bounded."""
+        """At exit: let the attaches under way end (a daemon thread still logging while the
+        interpreter finalizes can abort it), then stop the agent; bounded."""
         if self.pid != os.getpid():
             return
-        if self.attaching is not None:
-            self.attaching.join(ATTACH_WAIT_AT_EXIT_S)
+        deadline = time.monotonic() + ATTACH_WAIT_AT_EXIT_S
+        with self.lock:
+            attaching = list(self.attaching)
+        for thread in attaching:  # they run side by side: one deadline for all
+            thread.join(max(0.0, deadline - time.monotonic()))
         with self.lock:
             agent, self.agent = self.agent, None
         if agent is not None:

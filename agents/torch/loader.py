@@ -31,7 +31,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils.data
@@ -56,10 +56,14 @@ from agents.torch.steps import (
     stage_names,
 )
 
+# Generic as torch's: ``class StatefulDataLoader(DataLoader[_T_co])`` (torchdata), imported
+# under intune-run, subscripts ours; a loader that is not generic raised TypeError there.
+_T_co = TypeVar("_T_co", covariant=True)
+
 Transforms = Sequence[Callable[[Any], Any]] | Mapping[str, Callable[[Any], Any]] | None
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in ``torch.utils.data.DataLoader`` whose workers InTune resizes live.
 
     Takes torch's arguments, with their meaning, and these differences:

@@ -132,6 +132,8 @@ def test_an_unchanged_script_is_tuned_and_keeps_its_batches(live_control_plane, 
 
 
 def _run(*argv: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    # This checkout's agents (an installed copy of another checkout would answer otherwise).
+    env = {"PYTHONPATH": str(ROOT)} | env
     return subprocess.run(
         [INTUNE_RUN, *argv], env=os.environ | env, capture_output=True, text=True,
         timeout=timeout,
@@ -214,3 +216,52 @@ def test_a_script_that_attaches_its_own_loader_is_left_to_it(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "intune-run: tuning DataLoader" not in done.stderr
     assert "the script attaches its own pipeline" in done.stderr
+
+
+# Lightning builds the training loader from its train_dataloader() hook after the sanity
+# check has iterated the validation loader: the one tuned first is the only one built then.
+BUILT_LATE = textwrap.dedent(
+    """
+    from torch.utils.data import DataLoader
+
+    val = DataLoader(list(range(8)), batch_size=4, num_workers=1)       # #0: 2 batches
+    assert [int(x) for b in val for x in b] == list(range(8))            # the sanity check
+    train = DataLoader(list(range(80)), batch_size=4, num_workers=1)    # #1: 20 batches
+    for epoch in range(2):
+        assert [int(x) for b in train for x in b] == list(range(80))
+        assert [int(x) for b in val for x in b] == list(range(8))
+    """
+)
+
+# accelerate's prepare() and Lightning's distributed sampler build a copy of the script's
+# loader, which the script may still hold: the original is never iterated.
+REBUILT = textwrap.dedent(
+    """
+    from torch.utils.data import DataLoader
+
+    original = DataLoader(list(range(80)), batch_size=4, num_workers=1)  # #0: 20 batches
+    copy = DataLoader(list(range(0, 80, 2)), batch_size=4, num_workers=1)  # #1: this rank's 10
+    val = DataLoader(list(range(8)), batch_size=4, num_workers=1)        # #2: 2 batches
+    for epoch in range(3):
+        assert [int(x) for b in copy for x in b] == list(range(0, 80, 2))
+        assert [int(x) for b in val for x in b] == list(range(8))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "first", "then"),
+    [(BUILT_LATE, "#0 (2 batches", "#1 (20 batches"), (REBUILT, "#0 (20 batches", "#1 (10 batches")],
+    ids=["a larger loader built later", "a loader never iterated"],
+)  # fmt: skip
+def test_the_tuning_moves_to_the_training_loader_that_runs(script, first, then, tmp_path):
+    (tmp_path / "train.py").write_text(script)
+    done = _run("--", sys.executable, str(tmp_path / "train.py"), **IDENTITY)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    tuned = [line for line in lines if "intune-run: tuning DataLoader" in line]
+    chose = [line for line in lines if "intune-run: tuning" in line or "intune-run: moving" in line]
+    # The first attach may be overtaken by the move before it says it tunes.
+    assert tuned and then in tuned[-1] and all(first in line for line in tuned[:-1]), done.stderr
+    assert f"moving the tuning to DataLoader {then}" in done.stderr
+    assert all(first in line or then in line for line in chose), done.stderr
