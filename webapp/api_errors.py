@@ -5,7 +5,8 @@ import logging
 from django.db import DatabaseError, DataError, IntegrityError
 from django.http import JsonResponse
 from django.views import defaults
-from rest_framework import status
+from rest_framework import exceptions, status
+from rest_framework.authentication import get_authorization_header
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
@@ -14,7 +15,28 @@ from webapp.database_guard import RETRY_AFTER_S, unavailable_detail
 log = logging.getLogger(__name__)
 
 
+# What an agent token reaches (docs/agent-protocol.md, "Identity and authentication").
+AGENT_TOKEN_ELSEWHERE = (
+    "an agent token reaches only its own host's POST /api/v1/hosts/{id}/metrics/ and "
+    "GET /api/v1/hosts/{id}/allocation/; this needs a person's API token "
+    "('Authorization: Token <token>')"
+)
+
+
 def json_exception_handler(exc, context):
+    request = context.get("request")
+    if isinstance(exc, exceptions.NotAuthenticated) and _agent_scheme(request):
+        # DRF's "credentials were not provided" to a client that did provide them, but the
+        # agents' kind, where a person's are needed.
+        exc = exceptions.NotAuthenticated(AGENT_TOKEN_ELSEWHERE)
+    elif isinstance(exc, exceptions.UnsupportedMediaType):
+        # DRF's 'Unsupported media type "" in request.' does not say what to send.
+        given = request.content_type if request is not None else ""
+        exc = exceptions.UnsupportedMediaType(
+            given,
+            detail=(f"Content-Type {given!r} is" if given else "a body without a Content-Type is")
+            + " not supported: send it as JSON with 'Content-Type: application/json'",
+        )
     response = exception_handler(exc, context)
     if response is not None:
         if isinstance(response.data, dict) and "detail" not in response.data:
@@ -61,6 +83,13 @@ def json_exception_handler(exc, context):
             headers={"Retry-After": RETRY_AFTER_S},
         )
     return None
+
+
+def _agent_scheme(request) -> bool:
+    if request is None:
+        return False
+    words = get_authorization_header(request).split()
+    return bool(words) and words[0].lower() == b"agent"
 
 
 def _summarise(errors) -> str:

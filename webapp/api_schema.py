@@ -27,8 +27,11 @@ ERRORS = {
     "403": "authenticated, but not allowed (a viewer acting, another host's agent token)",
     "404": "no such job or host",
     "409": "a sequence number was reused for a different sample",
-    "413": "the body is larger than INTUNE_MAX_BODY_BYTES",
+    "413": "the body is larger than INTUNE_MAX_BODY_BYTES (a metrics batch: or it has more "
+    "samples than INTUNE_MAX_SAMPLES_PER_BATCH; send them in smaller batches)",
     "414": "the URL is longer than the web server reads (gunicorn's limit_request_line)",
+    "415": "the body is not sent as 'Content-Type: application/json', or has a Content-Encoding "
+    "(send it as it is)",
     "429": "rate limited; retry after the Retry-After header's seconds",
     "503": "the database is unavailable; retry after the Retry-After header's seconds",
 }
@@ -68,7 +71,7 @@ def document_errors(result, generator, request, public):
             if any(p.get("in") == "query" for p in params):
                 codes.append("414")
             if method in BODY_METHODS:
-                codes.append("413")
+                codes += ["413", "415"]
             if method == "post" and path.endswith("/metrics/"):
                 codes.append("409")
             responses = operation.setdefault("responses", {})

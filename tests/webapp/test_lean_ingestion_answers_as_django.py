@@ -18,6 +18,7 @@ from tests.support.asgi_fronts import close_front_pool
 from webapp.agent_asgi import AgentFront
 from webapp.ingestion.api import lean
 from webapp.ingestion.models import HostSample, StageSample
+from webapp.jobs.models import Allocation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -243,11 +244,18 @@ def test_another_hosts_token_is_403_and_a_reused_sequence_number_409(fronts, twi
 
 def test_a_refused_allocation_is_recorded_as_django_records_it(fronts, twins, sample):
     job, ((lean_host, _), (django_host, _)) = twins
-    status = {"applied_version": 1, "refused": [{"version": 1, "reason": "too many workers"}]}
+    # A version reported both applied and refused is refused (400), the same both ways.
+    both = {"applied_version": 1, "refused": [{"version": 1, "reason": "too many workers"}]}
+    assert assert_same(fronts, twins, batch(job, sample, **both))[0] == 400
+    status = {"applied_version": None, "refused": [{"version": 1, "reason": "too many workers"}]}
     assert assert_same(fronts, twins, batch(job, sample, **status))[0] == 200
-    lean_host.refresh_from_db()
-    django_host.refresh_from_db()
-    assert lean_host.applied_version == django_host.applied_version == 1
+    recorded = [
+        (allocation.status, allocation.refusal_reason, allocation.host.applied_version)
+        for allocation in Allocation.objects.filter(
+            host__in=[lean_host, django_host], version=1
+        ).select_related("host")
+    ]
+    assert recorded == [("refused", "too many workers", lean_host.applied_version)] * 2
 
 
 def test_the_agent_rate_limit_holds_on_the_lean_path(fronts, twins, sample, monkeypatch):

@@ -17,6 +17,41 @@ _INF = math.inf
 class BatchError(ValueError):
     """A batch the control plane refuses; the message says where and why."""
 
+    status = 400
+
+
+class BatchTooLarge(BatchError):
+    """More samples than one batch may carry: ``413`` (docs/agent-protocol.md, "batch too
+    large"), so that an agent sends smaller batches rather than dropping this one as it must
+    drop a ``400``'s."""
+
+    status = 413
+
+
+def unpublished_version(status: dict | None, newest: int) -> str | None:
+    """What is wrong with a validated ``allocation_status`` given the host's newest published
+    version ``newest``, or None: a version applied or refused that was never published, or one
+    reported both applied and refused."""
+    if not status:
+        return None
+    applied = status["applied_version"]
+    if applied is not None and applied > newest:
+        return (
+            f"allocation_status.applied_version {applied} was never published (newest is {newest})"
+        )
+    for i, refusal in enumerate(status["refused"]):
+        if refusal["version"] > newest:
+            return (
+                f"allocation_status.refused[{i}].version {refusal['version']} was never "
+                f"published (newest is {newest})"
+            )
+        if refusal["version"] == applied:
+            return (
+                f"allocation_status.refused[{i}].version {applied} is also the applied_version: "
+                "a version is applied or refused, not both"
+            )
+    return None
+
 
 def _number(
     value, where: str, key: str = "", *, low: float | None = 0.0, high: float | None = None
@@ -211,7 +246,7 @@ def validate_batch(body, stage_names: set[str], max_samples: int) -> dict:
     if not samples and body.get("allocation_status") is None:
         raise BatchError("samples: must not be empty unless the batch reports an allocation_status")
     if len(samples) > max_samples:
-        raise BatchError(
+        raise BatchTooLarge(
             f"samples: at most {max_samples} samples per batch, got {len(samples)}; send smaller batches"
         )
     clean = [validate_sample(s, f"samples[{i}]", stage_names) for i, s in enumerate(samples)]

@@ -52,6 +52,23 @@ MAX_PIPELINED = 16
 # progress: it is still answered, but a held long-poll answers at once.
 CLIENT_EOF = "intune.client_eof"
 _WHITESPACE = (b" ", b"\t")
+# An HTTP/2 client that assumes the server speaks it (prior knowledge, RFC 9113 3.3) opens with
+# this preface. It is answered in HTTP/2 (RFC 9113 6.5, 6.8): an empty SETTINGS frame, then
+# GOAWAY with HTTP_1_1_REQUIRED (0xd) and why, so that the client says "HTTP/1.1 required"
+# rather than failing on an HTTP/1.1 answer it cannot read.
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2_REFUSAL_DEBUG = b"this server speaks HTTP/1.1 and HTTP/1.0 only (docs/agent-protocol.md, HTTP)"
+H2_REFUSAL = (
+    b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # SETTINGS: length 0, type 4, stream 0
+    + (8 + len(H2_REFUSAL_DEBUG)).to_bytes(3, "big")
+    + b"\x07\x00\x00\x00\x00\x00"  # GOAWAY: type 7, flags 0, stream 0
+    + (0).to_bytes(4, "big")  # last stream id: none was processed
+    + (0xD).to_bytes(4, "big")  # HTTP_1_1_REQUIRED
+    + H2_REFUSAL_DEBUG
+)
+# How long the connection then stays open for the client to read that (what it sends meanwhile
+# is discarded: closing with it unread would reset the connection before the client read it).
+H2_LINGER_S = 2.0
 
 
 def seconds_setting(name: str, default: float) -> float:
@@ -88,6 +105,8 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._write_timer = None
         self._write_left = 0
         self._half_closed = False
+        self._fresh = True  # nothing received yet
+        self._speaks_h2 = False  # an HTTP/2 client, answered GOAWAY; its bytes are discarded
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -111,6 +130,8 @@ class BoundedHttpTools(HttpToolsProtocol):
     def eof_received(self) -> bool | None:
         """The client shut its write side down (half-close): its complete requests are still
         answered, then the connection closes. A request it left incomplete never will be."""
+        if self._speaks_h2:
+            return None  # it read the GOAWAY and is gone
         if self._in_message:
             cycle, self._in_message = self._message_cycle, False
             self._cancel_request_timer()
@@ -136,6 +157,13 @@ class BoundedHttpTools(HttpToolsProtocol):
         return True
 
     def data_received(self, data: bytes) -> None:
+        if self._speaks_h2:
+            return
+        if self._fresh:
+            self._fresh = False
+            if data.startswith(H2_PREFACE):
+                self._refuse_http2()
+                return
         if self._refused is not None:
             return  # the 431 is written; the connection is closing
         in_head, heads_begun = self._in_head, self._heads_begun
@@ -282,6 +310,20 @@ class BoundedHttpTools(HttpToolsProtocol):
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
+
+    def _refuse_http2(self) -> None:
+        """Answer an HTTP/2 client's preface with GOAWAY (see ``H2_REFUSAL``), then close."""
+        self._speaks_h2 = True
+        self._cancel_timers()
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        self.logger.info("refused HTTP/2 from %s: GOAWAY HTTP_1_1_REQUIRED", self.client)
+        self.transport.write(H2_REFUSAL)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(H2_LINGER_S, self.transport.close)
+        self._watch_writes()
 
     def _send_431(self, reason: str) -> None:
         if self.transport.is_closing():

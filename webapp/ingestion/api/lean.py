@@ -38,7 +38,7 @@ from django.middleware.security import SecurityMiddleware
 
 from webapp.database_guard import RETRY_AFTER_S, unavailable_detail, waited_out_a_lock
 from webapp.ingestion import services
-from webapp.ingestion.validation import BatchError, validate_batch
+from webapp.ingestion.validation import BatchError, unpublished_version, validate_batch
 from webapp.jobs.models import hash_agent_token
 from webapp.lean_requests import LeanAgentRequest
 from webapp.metrics.instruments import observe_batch
@@ -55,7 +55,7 @@ EXPECTED_MIDDLEWARE = (
     "webapp.database_guard.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "webapp.slashes.SlashRedirectKeepingMethod",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -151,9 +151,8 @@ class LeanBatchPost(LeanAgentRequest):
             )
         except BatchError:
             raise Fallback from None
-        status = batch["allocation_status"]
-        if status and (status["applied_version"] or 0) > host.allocation_version:
-            raise Fallback  # a version never published: the view's 400
+        if unpublished_version(batch["allocation_status"], host.allocation_version):
+            raise Fallback  # the view's 400
         # Last, so that a request Django answers is counted once (DRF counts it there).
         if not AgentRateThrottle().allow_request(SimpleNamespace(auth=host), None):
             raise Fallback

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from webapp.ingestion import services
 from webapp.ingestion.api.schema import metrics_batch_serializer
-from webapp.ingestion.validation import BatchError, validate_batch
+from webapp.ingestion.validation import BatchError, unpublished_version, validate_batch
 from webapp.jobs.models import Host
 from webapp.metrics.instruments import observe_batch
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
@@ -76,17 +76,10 @@ class HostMetricsView(APIView):
                 request.data, stage_names, settings.INTUNE["MAX_SAMPLES_PER_BATCH"]
             )
         except BatchError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
-        status_report = batch["allocation_status"]
-        if status_report and status_report["applied_version"] is not None:
-            if status_report["applied_version"] > host.allocation_version:
-                return Response(
-                    {
-                        "detail": f"allocation_status.applied_version {status_report['applied_version']} "
-                        f"was never published (newest is {host.allocation_version})"
-                    },
-                    status=status.HTTP_400_BAD_REQUEST,
-                )
+            return Response({"detail": str(exc)}, status=exc.status)
+        problem = unpublished_version(batch["allocation_status"], host.allocation_version)
+        if problem is not None:
+            return Response({"detail": problem}, status=status.HTTP_400_BAD_REQUEST)
         try:
             result = services.store_batch(host, batch)
         except services.SequenceConflict as exc:
