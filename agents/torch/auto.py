@@ -25,6 +25,7 @@ import threading
 import time
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch.utils.data
@@ -68,6 +69,8 @@ class _AutoMeta(type):
         reached = _reaches_torch_iteration(namespace) if auto is not None else []
         if reached and auto in bases:
             return _torch_subclass(name, bases, namespace, reached, **kwargs)
+        if "__del__" in namespace and not reached:
+            namespace = {**namespace, "__del__": _also_ours(namespace["__del__"])}
         cls = super().__new__(mcls, name, bases, namespace, **kwargs)
         if reached:
             # Below a subclass of ours (class B(A), A(DataLoader)): its loaders run ours
@@ -77,11 +80,20 @@ class _AutoMeta(type):
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is AutoDataLoader and _num_workers(args, kwargs) == 0:
-            return _TORCH(*args, **kwargs)
+        if cls is AutoDataLoader:
+            workers = _num_workers(args, kwargs)
+            dataset = args[0] if args else kwargs.get("dataset")
+            if workers == 0:
+                return _TORCH(*args, **kwargs)
+            if workers > 1 and isinstance(dataset, torch.utils.data.IterableDataset):
+                _readers_said(workers)
+                return _TORCH(*args, **kwargs)
         loader = super().__call__(*args, **kwargs)
         if "_pipeline" not in vars(loader):
             _unserved(cls, "its __init__ does not call DataLoader.__init__")
+        elif loader._iterable and loader.num_workers > 1:
+            loader._intune_as_torch = True  # a subclass: its __iter__ reaches ours, then torch's
+            _readers_said(loader.num_workers)
         elif not getattr(cls, "_intune_unserved", False):
             _tuned.built(loader)
         return loader
@@ -138,6 +150,38 @@ def _torch_subclass(name: str, bases: tuple, namespace: dict, reached: list, **k
     return cls
 
 
+def _also_ours(theirs: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A subclass's ``__del__`` that also runs ours, which stops the loader's pipelines (a
+    persistent one's workers lived on after the loader): mosaicml-streaming's
+    ``StreamingDataLoader.__del__`` shuts torch's iterator down and never calls super()."""
+
+    def __del__(self: Any) -> None:
+        try:
+            theirs(self)
+        finally:
+            DataLoader.__del__(self)
+
+    return __del__
+
+
+_said: set[str] = set()
+
+
+def _readers_said(workers: int) -> None:
+    """Say once why a loader of an ``IterableDataset`` with several workers is torch's."""
+    if "readers" in _said:
+        return
+    _said.add("readers")
+    log.info(
+        "intune-run: a DataLoader of an IterableDataset with num_workers=%d loads as torch's, "
+        "not tuned: its readers keep their number (there is nothing to resize), and torch "
+        "takes their batches round-robin, an order that a checkpoint counting samples "
+        "(mosaicml-streaming, datasets) relies on, where agents.torch.DataLoader takes them "
+        "as they are ready",
+        workers,
+    )
+
+
 def _unserved(cls: type, why: str) -> None:
     """Say once per class that its loaders are not tuned, and why."""
     if cls.__dict__.get("_intune_unserved_said"):
@@ -153,8 +197,9 @@ class AutoDataLoader(DataLoader[_T_co], metaclass=_AutoMeta):
     """``agents.torch.DataLoader``, standing in for torch's under ``intune-run``."""
 
     def __iter__(self) -> Any:
-        if "_pipeline" not in vars(self):
-            # A subclass whose __init__ is torch's, not ours (said once: _unserved).
+        if "_pipeline" not in vars(self) or vars(self).get("_intune_as_torch"):
+            # A subclass whose __init__ is torch's, not ours, or one reading an iterable
+            # dataset with several workers (said once: _unserved, _readers_said).
             return _TORCH.__iter__(self)
         _tuned.iterating(self)
         return super().__iter__()

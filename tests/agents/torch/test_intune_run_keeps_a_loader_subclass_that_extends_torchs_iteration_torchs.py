@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent(
     """
-    import itertools, json, logging, os, sys
+    import gc, itertools, json, logging, os, sys, time
     import torch
     if os.environ.get("PATCH") == "1":
         from agents.torch import auto
         auto.patch()
     from typing import TypeVar
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
     T = TypeVar("T")
@@ -105,6 +105,25 @@ SCRIPT = textwrap.dedent(
         def __init__(self, *args, **kwargs):
             TORCHS.__init__(self, *args, **kwargs)
 
+    class Shards(IterableDataset):                    # split by worker, as streaming's
+        def __iter__(self):
+            info = get_worker_info()
+            start, step = (info.id, info.num_workers) if info else (0, 1)
+            for i in range(start, 40, step):
+                if i % 7 == start:
+                    time.sleep(0.01)  # readers that are not ready in turn
+                yield {"x": torch.tensor([i * i]), "i": i}
+
+    class Counting(DataLoader):                       # as StreamingDataLoader: served
+        def __iter__(self):
+            self.yielded = 0
+            for batch in super().__iter__():
+                self.yielded += len(batch["i"])
+                yield batch
+
+        def __del__(self):                            # never calls super()
+            pass
+
     out = {"subscript": str(DataLoader[int])}
     make = lambda cls: cls(Squares(), batch_size=4, shuffle=True, num_workers=2,
                            generator=torch.Generator().manual_seed(3))
@@ -126,9 +145,22 @@ SCRIPT = textwrap.dedent(
     torch_init = make(TorchInit)
     out["torch_init"] = ids(torch_init)
     out["isinstance"] = [isinstance(x, DataLoader) for x in (typed, resumable, wrapping, torch_init)]
+    shards = DataLoader(Shards(), batch_size=3, num_workers=3)
+    counting = Counting(Shards(), batch_size=3, num_workers=2)
+    out["shards"] = [ids(shards), ids(counting), counting.yielded]   # torch's round-robin order
+    owned = Counting(Squares(), batch_size=4, num_workers=1, persistent_workers=True)
+    out["owned"] = ids(owned)
+    receivers = getattr(owned, "_receivers", [])
+    del owned
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while receivers and not receivers[0].pipeline._stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
     print(json.dumps(out))
     ours = {name: "agents.torch.loader" in mro(x) for name, x in
-            [("typed", typed), ("resumable", resumable), ("wrapping", wrapping)]}
+            [("typed", typed), ("resumable", resumable), ("wrapping", wrapping),
+             ("shards", shards), ("counting", counting)]}
+    ours["owned_stopped"] = [r.pipeline._stopped for r in receivers]
     print(json.dumps(ours))
     """
 )
@@ -156,9 +188,13 @@ def test_library_subclasses_of_the_loader_give_torchs_batches_and_resume_as_with
     assert "agents.torch.loader" not in mro  # kept on torch's class
     torchs["resumable"][3] = mro  # (the rest of the comparison: item for item)
     assert ours == torchs
-    assert served == {"typed": True, "resumable": False, "wrapping": True}
+    assert served == {
+        "typed": True, "resumable": False, "wrapping": True, "shards": False, "counting": True,
+        "owned_stopped": [True],  # its own __del__ did not keep ours from stopping its workers
+    }  # fmt: skip
     assert ours["wrapping"] == [[True] * 12, {"sampler": "RandomSampler"}]
     assert log.count("is not tuned") == 3, log  # Resumable, TorchInit, and the attach
     assert "__main__.Resumable is not tuned (_get_iterator, __iter__, state_dict use torch" in log
     assert "__main__.TorchInit is not tuned (its __init__ does not call" in log
+    assert log.count("IterableDataset with num_workers=3 loads as torch's") == 1, log
     assert "Traceback" not in log, log
