@@ -24,6 +24,12 @@ worker's code started that its parent leaves orphaned (a dead worker's ``subproc
 daemon it double-forked) is adopted by the launcher (``PR_SET_CHILD_SUBREAPER``) and killed
 within ``_LOOP_S``; when the launcher leaves, everything under it goes. A process meant to
 outlive the worker that started it must be started from the training script instead.
+
+A launcher killed outright (SIGKILL, the OOM killer) cannot do that: its workers die with it,
+and what they had ``exec``'d (a ``subprocess``, which gets no at-fork hook, so no death
+signal) went to init and ran on. Every process under the launcher carries the pipeline's mark
+in its environment (``MARK``, inherited across fork and exec); when the pipeline finds its
+launcher killed it ends every process still carrying the mark (``end_marked``).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ _CRASH = b"intune-launcher-crash\n"
 _REPORT_BYTES = 16384  # the most of a message read from the launcher (a traceback's text)
 _PR_SET_CHILD_SUBREAPER = 36
 _LOOP_S = 0.2  # how often the launcher reaps, looks for strays and for its parent's death
+# The environment variable every process under a launcher carries: the pipeline's prefix.
+MARK = "INTUNE_PIPELINE"
+_MARK_ROUNDS = 5  # scans of /proc at most, while each still finds a marked process
 
 
 class LauncherGone(RuntimeError):
@@ -95,6 +104,7 @@ class Zygote:
         theirs.close()
         ours.settimeout(_REQUEST_TIMEOUT_S)
         self.pid = pid
+        self._prefix = prefix
         self._socket = ours
         self._lock = threading.Lock()
         self._closed = False
@@ -213,7 +223,10 @@ class Zygote:
         return f"{how}: {_last_line(self.crash)}" if self.crash else how
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the launcher: it kills any worker left and exits; reap it within ``timeout``."""
+        """Stop the launcher: it kills any worker left and exits; reap it within ``timeout``.
+
+        A launcher that was killed (it could not end what its workers had started) has its
+        marked processes ended here (``end_marked``)."""
         with self._lock:
             self._closed = True
             self._socket.close()
@@ -221,10 +234,14 @@ class Zygote:
         killed = False
         while True:
             try:
-                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
-                return
-            if pid:
+                pid, status = 0, None
+            if status is not None and pid:
+                self.exit_code = os.waitstatus_to_exitcode(status)
+            if pid or status is None:
+                if self._prefix is not None and (self.exit_code or 0) < 0:
+                    end_marked(self._prefix)
                 return
             if time.monotonic() > deadline:
                 if not killed:
@@ -272,6 +289,8 @@ def _launcher(
     """The launcher's loop: fork workers on request, reap them, and leave with the pipeline."""
     # It leaves with the pipeline's process, not with the group; so do its workers.
     ignore_group_signals(in_children=True)
+    if prefix is not None:
+        os.environ[MARK] = prefix  # inherited by every process under it (see end_marked)
     _adopt_orphans()
     children: dict[int, tuple[int, int]] = {}  # pid -> where its exit status goes
     try:
@@ -325,6 +344,55 @@ def _launcher(
             from agents.pipeline import shm
 
             shm.sweep(prefix)
+
+
+def end_marked(prefix: str) -> list[int]:
+    """SIGKILL every process carrying ``prefix`` as its ``MARK`` (what was under a launcher
+    that was killed: its workers die with it, but what they exec'd went to init); return
+    their pids. Each is signalled through a pidfd opened before its mark is read again, so a
+    pid reused meanwhile is never hit. Processes that cleared their environment (``env=`` to
+    ``subprocess``) carry no mark and are not found."""
+    mark = f"{MARK}={prefix}".encode()
+    ended: list[int] = []
+    for _ in range(_MARK_ROUNDS):
+        found = []
+        try:
+            pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        except OSError:  # pragma: no cover - no /proc (not Linux)
+            return ended
+        for pid in pids:
+            if pid == os.getpid() or not _marked(pid, mark):
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                continue
+            try:
+                if _marked(pid, mark):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    found.append(pid)
+            except OSError:
+                pass
+            finally:
+                os.close(pidfd)
+        if not found:
+            break
+        ended += found
+    if ended:
+        log.warning(
+            "ended %d process(es) the killed launcher's workers had started (pids %s)",
+            len(set(ended)),
+            ", ".join(map(str, sorted(set(ended)))),
+        )
+    return ended
+
+
+def _marked(pid: int, mark: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return mark in environ.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def _adopt_orphans() -> None:
