@@ -114,3 +114,26 @@ def test_a_path_without_its_trailing_slash_is_redirected_keeping_the_method(
     # Before: 301, which clients follow with a GET and no body (curl -L, fetch, requests).
     assert response.status_code == 308
     assert response["Location"] == f"/api/v1/hosts/{host.pk}/metrics/?x=1"
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["postgres-statement", "generic"])
+def test_a_resent_batch_counts_its_dropped_samples_once(job_and_host, sample, generic):
+    from webapp.ingestion import services
+    from webapp.ingestion.validation import validate_batch
+
+    job, host, _ = job_and_host
+    names = services.stage_names_of(job)
+
+    def store(seqs):
+        body = {"samples": [sample(seq, job.stage_names, ts=1e9 + seq) for seq in seqs]}
+        batch = validate_batch(body | {"dropped_samples": 7}, names, 600)
+        return services.store_batch(Host.objects.get(pk=host.pk), batch, generic=generic)
+
+    assert store([1, 2])["stored"] == 2
+    # Its answer lost, the agent sends it again, alone and then with a newer sample.
+    assert store([1, 2]) == {"stored": 0, "duplicates": 2, "latest_allocation_version": 1}
+    assert store([1, 2, 3])["stored"] == 1
+    # Before: 21, "resending a batch after a timeout is always safe" held for samples only.
+    assert Host.objects.get(pk=host.pk).dropped_samples == 7
+    assert store([4])["stored"] == 1  # the next overflow's report counts
+    assert Host.objects.get(pk=host.pk).dropped_samples == 14
