@@ -189,9 +189,13 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
         for sample in skipped:
             previous_ts = stored_ts.get(sample["seq"])
             if previous_ts is not None and abs(previous_ts - sample["ts"]) > 1e-3:
+                # The place first, as a 400's: the agent may drop that sample and resend the
+                # rest (docs/agent-protocol.md), rather than lose the whole batch.
+                place = next(i for i, s in enumerate(samples) if s is sample)
                 raise SequenceConflict(
-                    f"sequence number {sample['seq']} was already used by this host for a "
-                    f"sample at ts={previous_ts}; sequence numbers must never be reused"
+                    f"samples[{place}].seq: sequence number {sample['seq']} was already used by "
+                    f"this host for a sample at ts={previous_ts}; sequence numbers must never be "
+                    "reused (keep them increasing across restarts)"
                 )
     if not lean:
         _inserts()[1].run(

@@ -349,8 +349,8 @@ export class Agent {
         this.counts.stored += answer.body.stored;
         this.counts.duplicates += answer.body.duplicates;
         if (answer.body.latest_allocation_version > this.known && this.wake) this.wake();
-      } else if (answer.status === 400) {
-        // "never retry a 400": drop the sample it names and resend the rest
+      } else if (answer.status === 400 || answer.status === 409) {
+        // "never retry a 400 or a 409": drop the sample it names and resend the rest
         const named = /^samples\[(\d+)\]/.exec(detail || "");
         if (named && Number(named[1]) < take) {
           const [gone] = this.buffer.splice(Number(named[1]), 1);
@@ -365,11 +365,6 @@ export class Agent {
           this.counts.invalid += take;
           emit(this.tag({ event: "dropped_batch", samples: take, detail }));
         }
-      } else if (answer.status === 409) {
-        // "never retry a 409": this batch reused a sequence number
-        this.buffer.splice(0, take);
-        this.counts.invalid += take;
-        emit(this.tag({ event: "dropped_batch", samples: take, detail }));
       } else if (answer.status === 413) {
         this.maxSamples = Math.max(1, Math.floor(take / 2));
         emit(this.tag({ event: "smaller_batches", samples: this.maxSamples, detail }));
