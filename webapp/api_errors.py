@@ -2,6 +2,7 @@
 
 import logging
 
+from django.core.exceptions import DisallowedHost
 from django.db import DatabaseError, DataError, IntegrityError
 from django.http import JsonResponse
 from django.views import defaults
@@ -114,16 +115,43 @@ def _is_api(request) -> bool:
     return request.path.startswith(("/api/", "/dashboard/api/"))
 
 
+def _sized(response):
+    """The response with its Content-Length. A handler's answer to an exception raised in a
+    middleware (a Host not allowed is refused by CommonMiddleware's) skips the middleware that
+    sets it, and without it the web server sent the answer chunked, which the protocol says it
+    never does (docs/agent-protocol.md, "HTTP")."""
+    if not response.streaming and not response.has_header("Content-Length"):
+        response["Content-Length"] = str(len(response.content))
+    return response
+
+
+def bad_request(request, exception=None):
+    """handler400 (a SuspiciousOperation: a Host header not in DJANGO_ALLOWED_HOSTS above all):
+    JSON under the API's paths, saying what was wrong, where Django's page said nothing."""
+    if _is_api(request):
+        if isinstance(exception, DisallowedHost):
+            detail = (
+                "the request's Host header is not a name this server answers to "
+                "(DJANGO_ALLOWED_HOSTS): send the host name of the control plane's URL"
+            )
+        else:
+            detail = "the request was refused as malformed or suspicious"
+        return _sized(JsonResponse({"detail": detail}, status=400))
+    return _sized(defaults.bad_request(request, exception))
+
+
 def not_found(request, exception=None):
     """handler404: JSON under the API's paths (clients parse it), Django's page elsewhere."""
     if _is_api(request):
-        return JsonResponse({"detail": f"no such resource: {request.path[:200]}"}, status=404)
-    return defaults.page_not_found(request, exception)
+        return _sized(
+            JsonResponse({"detail": f"no such resource: {request.path[:200]}"}, status=404)
+        )
+    return _sized(defaults.page_not_found(request, exception))
 
 
 def server_error(request):
     """handler500: JSON under the API's paths; never a traceback (DEBUG is off in production)."""
     if _is_api(request):
         detail = "internal error; it was logged; retry, or report it if it persists"
-        return JsonResponse({"detail": detail}, status=500)
-    return defaults.server_error(request)
+        return _sized(JsonResponse({"detail": detail}, status=500))
+    return _sized(defaults.server_error(request))

@@ -43,5 +43,6 @@ urlpatterns = [
     path("", include("webapp.dashboard.urls")),
 ]
 
+handler400 = "webapp.api_errors.bad_request"
 handler404 = "webapp.api_errors.not_found"
 handler500 = "webapp.api_errors.server_error"

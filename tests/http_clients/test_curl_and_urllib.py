@@ -222,3 +222,15 @@ def test_urllib_a_bad_override_is_a_400_that_changes_nothing(plane, workers, exp
     assert status == 400, body
     assert expected in body["detail"], body
     assert plane.current_version() == before
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs/", "/api/v1/hosts/1/allocation/", "/dashboard/"])
+def test_curl_with_a_host_not_allowed_gets_a_400_with_a_content_length(plane, path):
+    result = curl("-D", "-", "-H", "Host: evil.example", *agent(plane), plane.url + path)
+    head, _, body = result.stdout.partition(b"\r\n\r\n")
+    head = head.lower()
+    # Before: the people's API and the dashboard answered Django's HTML page chunked.
+    assert head.startswith(b"http/1.1 400"), result.stdout
+    assert b"transfer-encoding" not in head and b"content-length:" in head
+    if path.startswith("/api/"):
+        assert "Host header" in json.loads(body)["detail"]

@@ -38,6 +38,8 @@ STAGES = [{"name": "read", "max_workers": 8}, {"name": "parse", "max_workers": 8
 # batch than the protocol's 600, as a control plane may set (INTUNE_MAX_SAMPLES_PER_BATCH).
 RATE_PER_S = 10
 MAX_SAMPLES = 50
+# What docs/agent-protocol.md lists for the agents' two endpoints.
+ANSWERS = {200, 204, 400, 401, 403, 409, 413, 415, 429, 503}
 NODE_S = 60  # the bound on any one run of the agent, beyond its own seconds
 
 
@@ -105,6 +107,10 @@ class Run:
         out, err = self.process.communicate(timeout=self.config["seconds"] + NODE_S)
         assert self.process.returncode == 0, err.decode()
         self.events = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+        answered = {e["status"] for e in self.events if e["event"] in ("batch", "poll", "retry")}
+        # Every answer is one the doc lists for these endpoints (None: no answer, the server
+        # away); a 500 or a 502 would be a defect whatever the agent made of it.
+        assert answered <= ANSWERS | {None}, answered - ANSWERS
         return self.events
 
     def of(self, kind: str, **match) -> list[dict]:
@@ -242,3 +248,37 @@ def test_the_node_agent_is_standard_library_only():
     assert imports and all('from "node:' in line for line in imports), imports
     assert not (AGENT.parent / "package.json").exists()
     assert os.access(AGENT, os.R_OK)
+
+
+def block_connections(stack, allowed: bool) -> None:
+    """Let the stack's database take connections, or refuse them and end those it has (the
+    database away, as for an agent; the shared PostgreSQL server is untouched)."""
+    import psycopg
+
+    name = stack.database.name
+    with psycopg.connect(stack.database.base_url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+        if not allowed:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+
+
+def test_a_node_agent_waits_out_a_503_while_the_database_is_away_and_loses_nothing(stack, tmp_path):
+    if not stack.database.url.startswith(("postgres://", "postgresql://")):
+        pytest.skip("the database is taken away through PostgreSQL (DATABASE_URL names none)")
+    registered = register(stack, tmp_path)
+    host_id = registered["hosts"][0]["id"]
+    run = Run(agent_config(registered, seconds=16), tmp_path)
+    wait_until(lambda: host_record(stack, host_id)["applied_version"] == 1, 20, what="version 1")
+    block_connections(stack, allowed=False)
+    try:
+        time.sleep(4)
+    finally:
+        block_connections(stack, allowed=True)
+    run.finish()
+    unavailable = run.of("retry", what="batch", status=503)
+    assert unavailable, "no batch was answered 503 while the database was away"
+    assert all(retry["retry_after"] == 5 for retry in unavailable), unavailable
+    stored_once(stack, registered, run.summary)

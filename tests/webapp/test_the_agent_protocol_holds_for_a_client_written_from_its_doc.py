@@ -114,3 +114,47 @@ def test_a_path_without_its_trailing_slash_is_redirected_keeping_the_method(
     # Before: 301, which clients follow with a GET and no body (curl -L, fetch, requests).
     assert response.status_code == 308
     assert response["Location"] == f"/api/v1/hosts/{host.pk}/metrics/?x=1"
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["postgres-statement", "generic"])
+def test_a_resent_batch_counts_its_dropped_samples_once(job_and_host, sample, generic):
+    from webapp.ingestion import services
+    from webapp.ingestion.validation import validate_batch
+
+    job, host, _ = job_and_host
+    names = services.stage_names_of(job)
+
+    def store(seqs):
+        body = {"samples": [sample(seq, job.stage_names, ts=1e9 + seq) for seq in seqs]}
+        batch = validate_batch(body | {"dropped_samples": 7}, names, 600)
+        return services.store_batch(Host.objects.get(pk=host.pk), batch, generic=generic)
+
+    assert store([1, 2])["stored"] == 2
+    # Its answer lost, the agent sends it again, alone and then with a newer sample.
+    assert store([1, 2]) == {"stored": 0, "duplicates": 2, "latest_allocation_version": 1}
+    assert store([1, 2, 3])["stored"] == 1
+    # Before: 21, "resending a batch after a timeout is always safe" held for samples only.
+    assert Host.objects.get(pk=host.pk).dropped_samples == 7
+    assert store([4])["stored"] == 1  # the next overflow's report counts
+    assert Host.objects.get(pk=host.pk).dropped_samples == 14
+
+
+def test_a_409_names_the_sample_whose_sequence_number_was_reused(api, job_and_host, sample):
+    job, host, token = job_and_host
+    assert post_batch(api, host, token, {"samples": [sample(5, job.stage_names, ts=100.0)]})
+    reused = [sample(6, job.stage_names, ts=106.0), sample(5, job.stage_names, ts=999.0)]
+    response = post_batch(api, host, token, {"samples": reused})
+    assert response.status_code == 409
+    # Before: "sequence number 5 was already used ...": the place was not first, as the doc has
+    # it for a 400, and an agent following the doc dropped the whole batch (sample 6 too).
+    assert response.json()["detail"].startswith("samples[1].seq: sequence number 5")
+    assert list(HostSample.objects.values_list("seq", flat=True)) == [5]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs/", "/api/v1/hosts/1/metrics/"])
+def test_a_host_header_not_allowed_is_a_json_400_with_its_length(api, path):
+    response = api.get(path, HTTP_HOST="evil.example")
+    # Before: Django's HTML "Bad Request (400)" page, without a Content-Length (sent chunked).
+    assert response.status_code == 400
+    assert "Host header" in response.json()["detail"]
+    assert response["Content-Length"] == str(len(response.content))

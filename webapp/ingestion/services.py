@@ -165,8 +165,11 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
         record_allocation_status(Host.objects.select_for_update().get(pk=host.pk), status)
     lean = connection.vendor == "postgresql" and not generic
     if lean:
-        # The samples, their stage rows and the host's update in one statement.
-        inserted = dict((seq, pk) for pk, seq in _insert_on_postgres(host, batch))
+        # The samples, their stage rows and the host's update in one statement; the dropped
+        # samples after, once it is known whether this batch was stored before (below).
+        inserted = dict(
+            (seq, pk) for pk, seq in _insert_on_postgres(host, {**batch, "dropped_samples": 0})
+        )
     else:
         insert_samples, _ = _inserts()
         inserted = dict(
@@ -186,9 +189,13 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
         for sample in skipped:
             previous_ts = stored_ts.get(sample["seq"])
             if previous_ts is not None and abs(previous_ts - sample["ts"]) > 1e-3:
+                # The place first, as a 400's: the agent may drop that sample and resend the
+                # rest (docs/agent-protocol.md), rather than lose the whole batch.
+                place = next(i for i, s in enumerate(samples) if s is sample)
                 raise SequenceConflict(
-                    f"sequence number {sample['seq']} was already used by this host for a "
-                    f"sample at ts={previous_ts}; sequence numbers must never be reused"
+                    f"samples[{place}].seq: sequence number {sample['seq']} was already used by "
+                    f"this host for a sample at ts={previous_ts}; sequence numbers must never be "
+                    "reused (keep them increasing across restarts)"
                 )
     if not lean:
         _inserts()[1].run(
@@ -203,9 +210,19 @@ def store_batch(host: Host, batch: dict, *, generic: bool = False) -> dict:
     ]
     if rank_rows:  # multi-rank hosts only: each rank's trainer (DDP waits for the slowest)
         RankSample.objects.bulk_create(rank_rows)
+    # A resent batch (its answer was lost) carries the same dropped_samples as when it was
+    # stored: counted again, every resend added them again ("resending a batch after a timeout
+    # is always safe", docs/agent-protocol.md). They were dropped before the batch's oldest
+    # sample, so they are counted with that sample: once, when it is stored.
+    dropped = batch["dropped_samples"]
+    if samples and min(s["seq"] for s in samples) not in inserted:
+        dropped = 0
+    batch = {**batch, "dropped_samples": dropped}
     _log_dropped(host, batch)
     if not lean:
         _update_host(host, batch)
+    elif dropped:
+        Host.objects.filter(pk=host.pk).update(dropped_samples=F("dropped_samples") + dropped)
     return {
         "stored": len(fresh),
         "duplicates": len(samples) - len(fresh),

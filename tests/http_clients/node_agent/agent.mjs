@@ -14,7 +14,9 @@
 // What the tests read is the events: "batch" (each answer to a metrics POST), "poll" (each
 // answer to a long-poll), "applied" / "refused" (each allocation checked), "retry" (a wait before
 // a retry: its status and seconds), "dropped_invalid" (a sample the control plane refused),
-// "fatal" (an answer after which this agent stops: 401, 403), "summary" (at the end).
+// "fatal" (an answer after which this agent stops: 401, 403), "summary" (each agent, at the
+// end), "figures" (the run's: batch latency percentiles, errors, this process's CPU a request).
+// CONFIG.quiet keeps only the last three (benchmarks/node_agents.py runs hundreds of agents).
 
 import http from "node:http";
 import { readFileSync } from "node:fs";
@@ -22,9 +24,17 @@ import { readFileSync } from "node:fs";
 const MAX_SAMPLES = 600; // "at most 600 samples per batch"
 const MAX_BODY = 1024 * 1024; // "1 MiB per body"
 
+let quiet = false; // only the summaries and the figures (a run of hundreds of agents)
+const QUIET_KEPT = new Set(["summary", "figures", "fatal"]);
+
 function emit(event) {
+  if (quiet && !QUIET_KEPT.has(event.event)) return;
   process.stdout.write(JSON.stringify({ t: Date.now() / 1000, ...event }) + "\n");
 }
+
+// What a run measures, over all its agents: each stored batch's latency (from just before its
+// request to its whole answer; the body serialised before), and the requests of every kind.
+const measured = { batchMs: [], requests: 0, errors: 0 };
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -62,6 +72,7 @@ class Client {
       headers["Content-Length"] = payload.length;
     }
     const started = performance.now();
+    measured.requests++;
     return new Promise((resolve, reject) => {
       const req = http.request(
         { hostname: this.hostname, port: this.port, method, path, headers, agent: this.pool, signal },
@@ -318,6 +329,7 @@ export class Agent {
       try {
         answer = await this.client.request("POST", `/api/v1/hosts/${this.hostId}/metrics/`, body);
       } catch (error) {
+        measured.errors++;
         const seconds = backoff(failures++);
         emit(this.tag({ event: "retry", what: "batch", status: null, error: String(error), seconds }));
         await sleep(seconds * 1000);
@@ -325,7 +337,9 @@ export class Agent {
       }
       const detail = typeof answer.body === "object" ? answer.body.detail : answer.body;
       emit(this.tag({ event: "batch", status: answer.status, samples: take, ms: answer.ms, detail }));
+      if (answer.status !== 200) measured.errors++;
       if (answer.status === 200) {
+        measured.batchMs.push(answer.ms);
         failures = 0;
         this.buffer.splice(0, take);
         this.refused.splice(0, reportedRefusals);
@@ -335,8 +349,8 @@ export class Agent {
         this.counts.stored += answer.body.stored;
         this.counts.duplicates += answer.body.duplicates;
         if (answer.body.latest_allocation_version > this.known && this.wake) this.wake();
-      } else if (answer.status === 400) {
-        // "never retry a 400": drop the sample it names and resend the rest
+      } else if (answer.status === 400 || answer.status === 409) {
+        // "never retry a 400 or a 409": drop the sample it names and resend the rest
         const named = /^samples\[(\d+)\]/.exec(detail || "");
         if (named && Number(named[1]) < take) {
           const [gone] = this.buffer.splice(Number(named[1]), 1);
@@ -351,11 +365,6 @@ export class Agent {
           this.counts.invalid += take;
           emit(this.tag({ event: "dropped_batch", samples: take, detail }));
         }
-      } else if (answer.status === 409) {
-        // "never retry a 409": this batch reused a sequence number
-        this.buffer.splice(0, take);
-        this.counts.invalid += take;
-        emit(this.tag({ event: "dropped_batch", samples: take, detail }));
       } else if (answer.status === 413) {
         this.maxSamples = Math.max(1, Math.floor(take / 2));
         emit(this.tag({ event: "smaller_batches", samples: this.maxSamples, detail }));
@@ -418,16 +427,24 @@ async function register(config) {
   });
   if (job.status !== 201) throw new Error(`job: ${job.status} ${JSON.stringify(job.body)}`);
   const hosts = [];
-  for (let i = 0; i < (config.hosts || 1); i++) {
-    const host = await api.request("POST", `/api/v1/jobs/${job.body.id}/hosts/`, {
-      name: `node-${i}`,
-      cpus: config.cpus,
-      memory_mb: config.memory_mb,
-      worker_budget: null,
-      ranks: 1,
-    });
-    if (host.status !== 201) throw new Error(`host: ${host.status} ${JSON.stringify(host.body)}`);
-    hosts.push({ id: host.body.id, agent_token: host.body.agent_token, allocation: host.body.allocation });
+  const count = config.hosts || 1;
+  for (let first = 0; first < count; first += 8) {
+    const batch = [];
+    for (let i = first; i < Math.min(count, first + 8); i++) {
+      batch.push(
+        api.request("POST", `/api/v1/jobs/${job.body.id}/hosts/`, {
+          name: `node-${i}`,
+          cpus: config.cpus,
+          memory_mb: config.memory_mb,
+          worker_budget: null,
+          ranks: 1,
+        }),
+      );
+    }
+    for (const host of await Promise.all(batch)) {
+      if (host.status !== 201) throw new Error(`host: ${host.status} ${JSON.stringify(host.body)}`);
+      hosts.push({ id: host.body.id, agent_token: host.body.agent_token, allocation: host.body.allocation });
+    }
   }
   pool.destroy();
   process.stdout.write(JSON.stringify({ job_id: job.body.id, hosts }) + "\n");
@@ -439,7 +456,9 @@ function percentile(sorted, p) {
 }
 
 async function run(config) {
+  quiet = Boolean(config.quiet);
   const pool = new http.Agent({ keepAlive: true, keepAliveMsecs: 1000 });
+  const cpuBefore = process.cpuUsage();
   const spread = config.shape === "spread";
   const every = (config.batch_every ?? 5) * (config.sample_interval_s ?? 1);
   const agents = config.hosts.map(
@@ -450,8 +469,6 @@ async function run(config) {
         pool,
       ),
   );
-  const latencies = [];
-  const original = emit;
   const stopAll = () => agents.forEach((a) => a.stop());
   process.on("SIGTERM", stopAll);
   process.on("SIGINT", stopAll);
@@ -460,7 +477,7 @@ async function run(config) {
   clearTimeout(timer); // every agent stopped early (a 401): the process ends now
   await Promise.all(agents.map((a) => (a.fatal ? null : a.drain(config.drain_s ?? 10))));
   for (const a of agents) {
-    original(
+    emit(
       a.tag({
         event: "summary",
         ...a.counts,
@@ -472,8 +489,23 @@ async function run(config) {
       }),
     );
   }
-  void latencies;
-  void percentile;
+  const sorted = measured.batchMs.sort((a, b) => a - b);
+  const cpu = process.cpuUsage(cpuBefore);
+  emit({
+    event: "figures",
+    agents: agents.length,
+    shape: config.shape || "in-step",
+    batches_stored: sorted.length,
+    samples_generated: agents.reduce((n, a) => n + a.counts.generated, 0),
+    samples_stored: agents.reduce((n, a) => n + a.counts.stored, 0),
+    errors: measured.errors,
+    requests: measured.requests,
+    p50_ms: percentile(sorted, 50),
+    p95_ms: percentile(sorted, 95),
+    p99_ms: percentile(sorted, 99),
+    max_ms: sorted.length ? sorted[sorted.length - 1] : null,
+    cpu_ms_per_request: (cpu.user + cpu.system) / 1000 / Math.max(1, measured.requests),
+  });
   pool.destroy();
 }
 
