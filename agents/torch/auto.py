@@ -23,7 +23,7 @@ import math
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.utils.data
 import torch.utils.data.dataloader
@@ -33,6 +33,7 @@ from agents.torch.loader import DataLoader
 log = logging.getLogger("agents.autorun")
 
 _TORCH: type = torch.utils.data.DataLoader  # torch's own, kept before the patch
+_T_co = TypeVar("_T_co", covariant=True)  # what the loader yields: DataLoader[Batch]
 _NUM_WORKERS_AT = 5
 # The attach asks the control plane for the job's stages (5 s at most) before it starts.
 ATTACH_WAIT_AT_EXIT_S = (
@@ -68,7 +69,7 @@ class _AutoMeta(type):
         return super().__subclasscheck__(sub)
 
 
-class AutoDataLoader(DataLoader, metaclass=_AutoMeta):
+class AutoDataLoader(DataLoader[_T_co], metaclass=_AutoMeta):
     """``agents.torch.DataLoader``, standing in for torch's under ``intune-run``."""
 
     def __iter__(self) -> Any:
