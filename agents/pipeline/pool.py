@@ -181,6 +181,9 @@ class StagePool:
         self.deaths_in_a_row = 0
         self._worker_seconds = 0.0
         self._counted_at = time.monotonic()
+        # The workers the stage was last sized to (resize()), those starting included: a
+        # worker takes a second item only once that many hold one (see _feed).
+        self.wanted = 0
 
     @property
     def target(self) -> int:
@@ -207,6 +210,7 @@ class StagePool:
         """Grow or shrink to ``count`` workers; return the slots of the workers started."""
         self._account()
         self.reap()
+        self.wanted = count
         started = []
         while len(self.active) < count:
             started.append(self._start_worker().slot)
@@ -305,10 +309,19 @@ class StagePool:
         return worker.retire.is_set() or self.stop_flag.is_set() or worker.ended
 
     def _feed(self, worker: WorkerHandle) -> None:
-        """Send items from the inbox to one process worker, ``DEPTH`` ahead of its answers."""
+        """Send items from the inbox to one process worker, ``DEPTH`` ahead of its answers,
+        but a second one only while every worker of the stage holds one: items go to idle
+        workers first, as torch's round-robin gives each worker one before any gets two.
+        The first workers started took two each and left the last ones none: a dataset whose
+        items wait for each other across workers (torch's test_worker_seed: a barrier of
+        ``num_workers`` items) waited for ever, and a slow item held the next one back while
+        a worker idled."""
         while True:
             with worker.cv:
-                while len(worker.outstanding) >= DEPTH and not self._leaving(worker):
+                while (
+                    len(worker.outstanding) >= DEPTH
+                    or (worker.outstanding and self._a_worker_holds_none())
+                ) and not self._leaving(worker):
                     worker.cv.wait(POLL_S)
             if self._leaving(worker):
                 break
@@ -333,6 +346,9 @@ class StagePool:
                     self.inbox.put_front([(seq, payload)])
                     break
                 worker.outstanding.append((seq, payload))
+                first = len(worker.outstanding) == 1
+            if first:
+                self._wake_feeders(worker)  # one fewer worker holds none: see the wait above
             try:
                 if not (self._send(worker, HEADER.pack(seq, ITEM)) and self._send(worker, body)):
                     break  # it died: its reader puts what it held back in the inbox
@@ -345,6 +361,18 @@ class StagePool:
                 self._send(worker, HEADER.pack(-1, RETIRE))
             except (OSError, TypeError, ValueError):
                 pass
+
+    def _a_worker_holds_none(self) -> bool:
+        """Whether fewer of the stage's workers hold an item than it was sized to (a worker
+        starting, or idle, holds none)."""
+        holding = sum(1 for w in list(self.active) if w.outstanding and not self._leaving(w))
+        return holding < self.wanted
+
+    def _wake_feeders(self, taker: WorkerHandle) -> None:
+        for other in list(self.active):
+            if other is not taker:
+                with other.cv:
+                    other.cv.notify_all()
 
     @staticmethod
     def _send(worker: WorkerHandle, data: bytes) -> bool:

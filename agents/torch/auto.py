@@ -36,11 +36,10 @@ from agents.torch.loader import DataLoader, _T_co
 log = logging.getLogger("agents.autorun")
 
 _TORCH: type = torch.utils.data.DataLoader  # torch's own, kept before the patch
+# DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, ...)
 _NUM_WORKERS_AT = 5
 # The attach asks the control plane for the job's stages (5 s at most) before it starts.
-ATTACH_WAIT_AT_EXIT_S = (
-    6.0  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers)
-)
+ATTACH_WAIT_AT_EXIT_S = 6.0
 
 
 def _num_workers(args: tuple, kwargs: dict) -> int:

@@ -20,6 +20,7 @@ The loader answers ``agents.attach`` as a ``Pipeline`` does; its allocation outl
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import itertools
 import multiprocessing
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -39,6 +41,7 @@ import torch.utils.data
 from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
 from agents.pipeline.errors import AllocationError, as_raised_type
 from agents.pipeline.signals import deferred
+from agents.pipeline.stage import HARD_MAX_WORKERS
 from agents.pipeline.worker import POLL_S, error_type_name
 from agents.process_lock import SharedCount
 from agents.torch.steps import (
@@ -85,7 +88,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       workers fork from a launcher process that runs no thread (``agents.pipeline.zygote``),
       also for ``"spawn"`` and ``"forkserver"``; the dataset need not pickle.
     - Batches always come in the sampler's order (``in_order=False`` is accepted, and
-      ignored). Each ``iter()`` without persistent workers starts its own pipeline, as torch
+      ignored: torch's order is then any). ``num_workers`` above a stage's most (128) starts
+      each stage at 128, with a warning. Each ``iter()`` without persistent workers starts its own pipeline, as torch
       starts workers per iterator, so two iterations can run at once (``zip(loader,
       loader)``); ``apply()`` resizes every running one, and the agent's handle
       (``pipeline``, ``metrics()``) is the newest's. With persistent workers one iteration
@@ -117,10 +121,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       ``num_workers`` readers (at least one), reader ``i`` iterating its own copy as worker
       ``i`` of ``num_workers`` (``get_worker_info()``), so a dataset that splits its shards
       by worker reads them in parallel, each once, and one that does not is read by every
-      reader, as with torch. Each reader's batches come in its order; readers interleave in
-      the order their batches are ready (torch takes them round-robin), so the epoch holds
-      torch's batches, not always in torch's order; with ``num_workers`` 0 or 1 they are
-      torch's with ``num_workers=0``, in order. The readers are not resized (a reader's
+      reader, as with torch. The readers take turns as torch's workers do (reader 0's first
+      batch, reader 1's first, ..., a reader whose share ended dropping out), so the epoch
+      holds torch's batches in torch's order (``_ReaderTurns``; a reader that falls far
+      behind lets the others' batches go out of turn rather than pile up); with
+      ``num_workers`` 0 or 1 they are torch's with ``num_workers=0``. The readers are not resized (a reader's
       place in its share cannot move to another process): ``apply()`` keeps ``read`` at
       ``num_workers``. Put per-sample work in ``transforms`` to give it a lever.
     - A failing stage raises ``agents.pipeline.StageFailed`` (a ``RuntimeError`` naming the
@@ -198,7 +203,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._pin = pin_memory and _accelerator_available()
         # An iterable dataset's readers: torch's worker ids 0 .. readers-1 (the other stages'
         # workers count on from there).
-        self._readers = max(1, num_workers) if self._iterable else 1
+        self._readers = self._start_workers if self._iterable else 1
+        if num_workers > HARD_MAX_WORKERS:
+            # torch starts them all (after its warning above); a stage of ours has at most
+            # HARD_MAX_WORKERS. Before, the constructor raised ValueError.
+            warnings.warn(
+                f"agents.torch.DataLoader: num_workers={num_workers} is more than a stage may "
+                f"have; each stage starts with {HARD_MAX_WORKERS} workers",
+                stacklevel=2,
+            )
         self._allocation: dict[str, int] = {}
         self._init_runtime()
 
@@ -266,7 +279,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         Its workers number from 0 (after the readers), as each of torch's iterators' workers
         do: a count shared by the loader's pipelines gave a per-epoch loader's second epoch
         workers 2 and 3 (of 2), and ``worker_init_fn`` ids and seeds torch never gives."""
-        workers = max(1, self.num_workers)
+        workers = self._start_workers
         counter = SharedCount(
             "the loader's count of workers", start=self._readers if self._iterable else 0
         )
@@ -345,11 +358,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _stage(self, name: str, fn: Callable, workers: int | None = None) -> Stage:
         ceiling = self._max_workers
-        count = max(1, self.num_workers) if workers is None else workers
+        count = self._start_workers if workers is None else workers
         # shm_min_bytes=1: every tensor through the runtime's shared memory (see steps.py).
         return Stage(
             name, fn, workers=min(count, ceiling or count), max_workers=ceiling, shm_min_bytes=1
         )
+
+    @property
+    def _start_workers(self) -> int:
+        """The workers each stage starts with: ``num_workers``, at least 1 and at most a
+        stage's most."""
+        return min(max(1, self.num_workers), HARD_MAX_WORKERS)
 
     @property
     def pipeline(self) -> Pipeline:
@@ -370,6 +389,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pipeline current then (idle rows at the next epoch's allocation, between epochs), and
         an ``apply()`` is recorded for the next epoch's pipeline, which starts at it."""
         self._own_runtime()
+        _warn_pin_memory(self.pin_memory, self.pin_memory_device)
         with self._switch_lock:
             if self.persistent_workers:
                 for current in self._live_iterators():
@@ -399,7 +419,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 pipeline.source.items = items
                 self._start(pipeline)
             with self._lock:
-                iterator = _EpochIterator(self, self._receiver, epoch)
+                iterator = _EpochIterator(self, self._receiver, epoch, epoch_seed)
                 self._iterator_refs.append(weakref.ref(iterator))
             return iterator
 
@@ -625,7 +645,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 class _EpochIterator:
     """The iterator of one epoch: batches in order, ``timeout`` on each wait, pinning."""
 
-    def __init__(self, loader: DataLoader, receiver: _Receiver, epoch: int) -> None:
+    def __init__(
+        self, loader: DataLoader, receiver: _Receiver, epoch: int, epoch_seed: int = 0
+    ) -> None:
         self.loader = loader
         self.receiver = receiver
         self.epoch = epoch
@@ -638,6 +660,17 @@ class _EpochIterator:
         self._readers = loader._readers
         self._readers_ended: set[int] = set()
         self._owner_pid = os.getpid()
+        # torch's NOTE [ IterableDataset and __len__ ]: len(loader) taken before iter() is the
+        # number of samples (batches) the epoch should hold; past it, each batch warns.
+        self._iterable = loader._iterable
+        self._num_workers = loader.num_workers
+        self._len_called = loader._IterableDataset_len_called
+        self._num_yielded = 0
+        # Several readers of an IterableDataset take turns, as torch's workers do (with
+        # in_order=False too, where torch yields whichever batch is ready first).
+        self._turns: _ReaderTurns | None = None
+        if self._iterable and self._readers > 1:
+            self._turns = _ReaderTurns(self._readers, epoch_seed, 4 * loader._queue_size)
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -664,20 +697,34 @@ class _EpochIterator:
             raise StopIteration
         self._stats.waiting()
         lost = False
+        turns = self._turns
         try:
             while True:
-                epoch, samples, payload, _ = self.receiver.next(self._timeout)
+                if turns is not None:
+                    ready = turns.next_batch()
+                    if ready is not None:
+                        samples, payload = ready
+                        break
+                    if turns.ended():
+                        payload = EpochEnd(self.epoch)
+                        break
+                epoch, samples, payload, seed = self.receiver.next(self._timeout)
                 if epoch != self.epoch or isinstance(payload, Skipped):
                     continue  # what is left of an abandoned epoch is dropped; see Skipped
                 if isinstance(payload, EpochEnd):
                     # Several readers: the epoch ends with the last one's share.
                     first = payload.reader not in self._readers_ended
                     self._readers_ended.add(payload.reader)
+                    if turns is not None:
+                        turns.reader_ended(payload.reader)
                     if payload.error and first:
                         lost = True  # a share cut short by a reader's death: raised once
                         break
-                    if len(self._readers_ended) < self._readers:
+                    if len(self._readers_ended) < self._readers or turns is not None:
                         continue
+                elif turns is not None:
+                    turns.add(seed, samples, payload)
+                    continue
                 break
         except StageFailed as exc:
             if self.receiver.pipeline.source.epoch_of(exc.source_seq) not in (None, self.epoch):
@@ -711,6 +758,11 @@ class _EpochIterator:
 
             payload = pin_memory(payload)
         self._stats.taken(samples)
+        self._num_yielded += 1
+        if self._iterable and self._len_called is not None:
+            if self._num_yielded > self._len_called:
+                _warn_past_len(self.loader.dataset, self._len_called, self._num_yielded,
+                               self._num_workers)  # fmt: skip
         return payload
 
     def _finish(self, collected: bool = False) -> None:
@@ -740,6 +792,122 @@ class _EpochIterator:
             self._finish(collected=True)
         except Exception:
             pass
+
+
+class _ReaderTurns:
+    """The batches of an IterableDataset's readers, handed out in torch's order: reader 0's
+    first batch, reader 1's first, ..., reader 0's second, ...; a reader whose share ended
+    drops out of the turns (torch's workers do the same with ``in_order=True``).
+
+    The pipeline hands each reader's batches in that reader's order, the readers' interleaved
+    as they come. Which reader read a batch is told by its seed: reader ``r``'s ``j``-th batch
+    of the epoch carries ``fold(epoch_seed, r, j)`` (``agents.torch.steps.Read``). A batch
+    that is not its reader's turn waits here; at most ``most_held`` wait (the pipeline goes
+    on reading meanwhile, where torch's other workers stop after ``prefetch_factor``
+    batches): past that, a reader has fallen far behind, and the batch held longest is handed
+    out of turn rather than holding an unbounded share of the epoch in memory.
+    A failed batch is raised as it comes (an error carries no seed)."""
+
+    # How many batches past the expected one a reader's seed is looked for: a batch that
+    # failed was counted by its reader (the next one's seed is one further on).
+    LOOK_AHEAD = 8
+
+    def __init__(self, readers: int, epoch_seed: int, most_held: int) -> None:
+        self._epoch_seed = epoch_seed
+        self._most_held = max(1, most_held)
+        self._held: list[collections.deque] = [collections.deque() for _ in range(readers)]
+        self._counted = [0] * readers  # batches of each reader seen so far
+        self._expected = {fold(epoch_seed, r, 0): r for r in range(readers)}
+        self._ended = [False] * readers
+        self._turn = 0
+        self._arrivals = itertools.count()
+        self._unknown: collections.deque = collections.deque()
+
+    def add(self, seed: int, samples: int, payload: Any) -> None:
+        """A batch from the pipeline."""
+        reader = self._reader_of(seed)
+        if reader is None:
+            self._unknown.append((samples, payload))  # not ours to order: handed out at once
+        else:
+            self._held[reader].append((next(self._arrivals), samples, payload))
+
+    def reader_ended(self, reader: int) -> None:
+        """``reader``'s share ended (its batches all came before its end)."""
+        if 0 <= reader < len(self._ended):
+            self._ended[reader] = True
+
+    def next_batch(self) -> tuple[int, Any] | None:
+        """``(samples, batch)`` to hand out now, or ``None``: the reader whose turn it is has
+        not delivered it yet."""
+        if self._unknown:
+            return self._unknown.popleft()
+        if sum(len(held) for held in self._held) > self._most_held:
+            oldest = min((held[0][0], r) for r, held in enumerate(self._held) if held)[1]
+            return self._held[oldest].popleft()[1:]
+        for _ in range(len(self._held)):
+            reader = self._turn
+            if self._held[reader]:
+                self._turn = (reader + 1) % len(self._held)
+                return self._held[reader].popleft()[1:]
+            if not self._ended[reader]:
+                return None
+            self._turn = (reader + 1) % len(self._held)  # ended: out of the turns
+        return None
+
+    def ended(self) -> bool:
+        """Every reader's share ended and was handed out."""
+        return all(self._ended) and not self._unknown and not any(self._held)
+
+    def _reader_of(self, seed: int) -> int | None:
+        reader = self._expected.pop(seed, None)
+        if reader is not None:
+            self._count(reader, 1)
+            return reader
+        for reader, counted in enumerate(self._counted):
+            for ahead in range(1, self.LOOK_AHEAD):
+                if fold(self._epoch_seed, reader, counted + ahead) == seed:
+                    del self._expected[fold(self._epoch_seed, reader, counted)]
+                    self._count(reader, ahead + 1)
+                    return reader
+        return None
+
+    def _count(self, reader: int, batches: int) -> None:
+        self._counted[reader] += batches
+        self._expected[fold(self._epoch_seed, reader, self._counted[reader])] = reader
+
+
+def _warn_pin_memory(pin_memory: bool, pin_memory_device: str) -> None:
+    """torch's warnings, as each iterator of its gives them, for a ``pin_memory`` that
+    cannot be honoured as asked."""
+    if pin_memory and pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{pin_memory_device}'.",
+            stacklevel=3,
+        )
+    if pin_memory and not _accelerator_available():
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=3,
+        )
+
+
+def _warn_past_len(dataset: Any, length: int, yielded: int, num_workers: int) -> None:
+    """torch's warning for an IterableDataset that yields more than its ``len()`` said
+    (its words, so that a filter on them treats ours alike)."""
+    message = (
+        f"Length of IterableDataset {dataset} was reported to be {length}"
+        f"(when accessing len(dataloader)), but {yielded} samples have been fetched. "
+    )
+    if num_workers > 0:
+        message += (
+            "For multiprocessing data-loading, this could be caused by not properly configuring "
+            "the IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for "
+            "examples."
+        )
+    warnings.warn(message, stacklevel=3)
 
 
 def _stop_soon(receiver: _Receiver) -> None:

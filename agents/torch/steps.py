@@ -43,6 +43,7 @@ Item = tuple[int, int, Any, int]
 
 MASK64 = (1 << 64) - 1
 MASK32 = (1 << 32) - 1
+MASK63 = (1 << 63) - 1
 BEGIN = MASK64  # in place of a batch's index: a reader's iter(dataset), before its batches
 _GOLDEN = 0x9E3779B97F4A7C15
 _NUMPY = 0x6E756D7079  # folded into numpy's seed: its legacy seeding is torch's mt19937 init
@@ -73,7 +74,10 @@ def seed_generators(seed: int) -> None:
     numpy's legacy seeding of a 32-bit seed is the same mt19937 initialisation as torch's, so
     numpy gets a seed of its own (torch's workers use ``_generate_state`` for the same reason).
     """
-    torch.default_generator.manual_seed(seed)
+    # 63 bits for torch's: a dataset that returns ``torch.initial_seed()`` has it collated
+    # into an int64 tensor, which a seed of 2**63 or more overflowed ("Overflow when
+    # unpacking long long", torch's test_worker_init_fn); torch's worker seeds are below it.
+    torch.default_generator.manual_seed(seed & MASK63)
     random.seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:

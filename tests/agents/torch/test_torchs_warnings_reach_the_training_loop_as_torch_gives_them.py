@@ -1,0 +1,80 @@
+"""The warnings torch's DataLoader iterator gives, ours gives too, in torch's words.
+
+torch's own test_iterable_style_dataset found them missing: an IterableDataset whose workers
+each read the whole dataset yields ``num_workers`` times its ``len()``, and torch warns on
+every batch past ``len(loader)`` (once ``len()`` was asked), the hint that the dataset is not
+split by worker; ours yielded them without a word. So did ``pin_memory=True`` where no
+accelerator can pin (torch: "no accelerator is found") and ``pin_memory_device``, which
+torch deprecates. A script's warning filters match on those words, so they are torch's.
+"""
+
+import re
+import warnings
+
+import torch.utils.data as tud
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agents.torch import DataLoader
+from agents.torch.loader import _accelerator_available
+
+TORCHS = re.compile(r"Length of IterableDataset|pin_memory")
+
+
+class Unsplit(tud.IterableDataset):
+    """Every worker reads all ``n`` rows (not split by worker); ``len()`` says ``n``."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+    def __repr__(self):  # the warning names the dataset: one text for both loaders
+        return f"Unsplit({self.n})"
+
+
+def torchs_warnings(loader_class, dataset, ask_len, **args):
+    """The texts of the warnings of torch's kinds given while one epoch is read."""
+    loader = loader_class(dataset, **args)
+    try:
+        if ask_len:
+            len(loader)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batches = sum(1 for _ in loader)
+    finally:
+        if isinstance(loader, DataLoader):
+            loader.close()
+    return batches, [str(w.message) for w in caught if TORCHS.search(str(w.message))]
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    n=st.integers(1, 8),
+    num_workers=st.integers(1, 3),
+    batch_size=st.one_of(st.none(), st.integers(1, 3)),
+    ask_len=st.booleans(),
+)
+def test_an_iterable_dataset_that_yields_past_its_len_warns_on_each_batch_as_torch(
+    n, num_workers, batch_size, ask_len
+):
+    args = dict(num_workers=num_workers, batch_size=batch_size)
+    theirs = torchs_warnings(tud.DataLoader, Unsplit(n), ask_len, **args)
+    ours = torchs_warnings(DataLoader, Unsplit(n), ask_len, **args)
+    assert ours == theirs
+    if ask_len and num_workers > 1:
+        assert ours[1], "the test's case gave no warning to compare"
+
+
+def test_pin_memory_that_cannot_pin_warns_as_torch():
+    args = dict(batch_size=2, num_workers=1, pin_memory=True, pin_memory_device="cpu")
+    theirs = torchs_warnings(tud.DataLoader, list(range(4)), False, **args)
+    ours = torchs_warnings(DataLoader, list(range(4)), False, **args)
+    assert ours == theirs
+    assert any("deprecated" in text for text in ours[1])
+    if not _accelerator_available():
+        assert any("no accelerator is found" in text for text in ours[1])
