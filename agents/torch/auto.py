@@ -200,7 +200,10 @@ class AutoDataLoader(DataLoader[_T_co], metaclass=_AutoMeta):
             # A subclass whose __init__ is torch's, not ours, or one reading an iterable
             # dataset with several workers (said once: _unserved, _readers_said).
             return _TORCH.__iter__(self)
-        _tuned.iterating(self)
+        try:
+            _tuned.iterating(self)
+        except Exception:  # noqa: BLE001 - tuning never stops training
+            log.exception("intune-run: choosing the loader to tune failed; training goes on")
         return super().__iter__()
 
 
@@ -250,6 +253,10 @@ class _Tuned:
         with self.lock:
             if self.index is not None or self.pid != os.getpid():
                 return
+            if not any(ref() is loader for ref in self.loaders):
+                return  # not one of those tuned (a class said to be untuned, below ours)
+            # (Pruned: Lightning's reload_dataloaders_every_n_epochs builds one per epoch.)
+            self.started = [ref for ref in self.started if ref() is not None]
             if not any(ref() is loader for ref in self.started):
                 self.started.append(weakref.ref(loader))
             choice = self._choice(loader)
@@ -352,7 +359,9 @@ class _Tuned:
 def _batches(loader: DataLoader) -> float:
     try:
         return float(len(loader))
-    except TypeError:  # an IterableDataset without __len__: a stream, the training set
+    # An IterableDataset without __len__ (a stream: the training set), or a batch sampler whose
+    # __len__ raises (NotImplementedError: it raised into the training loop): the largest.
+    except Exception:  # noqa: BLE001
         return math.inf
 
 

@@ -256,7 +256,7 @@ REBUILT = textwrap.dedent(
 )  # fmt: skip
 def test_the_tuning_moves_to_the_training_loader_that_runs(script, first, then, tmp_path):
     (tmp_path / "train.py").write_text(script)
-    done = _run("--", sys.executable, str(tmp_path / "train.py"), **IDENTITY)
+    done = _run("--", sys.executable, str(tmp_path / "train.py"), timeout=150, **IDENTITY)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     tuned = [line for line in lines if "intune-run: tuning DataLoader" in line]

@@ -13,7 +13,13 @@ batches, resumed epochs and types must agree item for item.
   '_pipeline'`` in the training loop.
 - A subclass whose ``__iter__`` wraps ``super().__iter__()`` and whose ``state_dict`` saves
   its sampler is served, as any loader.
-- A subclass whose ``__init__`` is torch's own, not ours, loads as torch's.
+- A subclass whose ``__init__`` is torch's own, not ours, loads as torch's; so does one below a
+  served subclass whose ``__iter__`` is torch's.
+- A loader of an ``IterableDataset`` with several workers loads as torch's, in torch's
+  round-robin order (ours takes readers' batches as they are ready), plain or subclassed; a
+  served subclass's own ``__del__`` (mosaicml-streaming's) still stops our workers.
+- A batch sampler whose ``len()`` raises: the choice of the loader to tune raised it into the
+  training loop.
 """
 
 import json
@@ -124,6 +130,17 @@ SCRIPT = textwrap.dedent(
         def __del__(self):                            # never calls super()
             pass
 
+    class Below(Wrapping):                            # below a served one: not tuned
+        def __iter__(self):
+            return self._get_iterator()
+
+    class Unsized:                                    # a batch sampler whose len() raises
+        def __iter__(self):
+            return iter([[0, 1], [2, 3, 4], [5]])
+
+        def __len__(self):
+            raise NotImplementedError("no length")
+
     out = {"subscript": str(DataLoader[int])}
     make = lambda cls: cls(Squares(), batch_size=4, shuffle=True, num_workers=2,
                            generator=torch.Generator().manual_seed(3))
@@ -145,6 +162,8 @@ SCRIPT = textwrap.dedent(
     torch_init = make(TorchInit)
     out["torch_init"] = ids(torch_init)
     out["isinstance"] = [isinstance(x, DataLoader) for x in (typed, resumable, wrapping, torch_init)]
+    out["below"] = ids(make(Below))
+    out["unsized"] = ids(DataLoader(Squares(), batch_sampler=Unsized(), num_workers=1))
     shards = DataLoader(Shards(), batch_size=3, num_workers=3)
     counting = Counting(Shards(), batch_size=3, num_workers=2)
     out["shards"] = [ids(shards), ids(counting), counting.yielded]   # torch's round-robin order
@@ -193,7 +212,8 @@ def test_library_subclasses_of_the_loader_give_torchs_batches_and_resume_as_with
         "owned_stopped": [True],  # its own __del__ did not keep ours from stopping its workers
     }  # fmt: skip
     assert ours["wrapping"] == [[True] * 12, {"sampler": "RandomSampler"}]
-    assert log.count("is not tuned") == 3, log  # Resumable, TorchInit, and the attach
+    assert log.count("its loaders load as torch's") == 3, log  # Resumable, Below, TorchInit
+    assert "__main__.Below is not tuned (__iter__ use torch's own iteration)" in log
     assert "__main__.Resumable is not tuned (_get_iterator, __iter__, state_dict use torch" in log
     assert "__main__.TorchInit is not tuned (its __init__ does not call" in log
     assert log.count("IterableDataset with num_workers=3 loads as torch's") == 1, log
