@@ -158,3 +158,23 @@ def test_a_host_header_not_allowed_is_a_json_400_with_its_length(api, path):
     assert response.status_code == 400
     assert "Host header" in response.json()["detail"]
     assert response["Content-Length"] == str(len(response.content))
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("after=1&timeout=30", "timeout: unknown parameter"),
+        ("after=1&wiat=30", "wiat: unknown parameter"),
+        ("after=1&after=2&wait=0", "after: given more than once"),
+        ("after=1&wait=1&wait=2", "wait: given more than once"),
+    ],
+)
+def test_a_long_poll_with_a_parameter_it_does_not_take_is_a_400_saying_which(
+    api, job_and_host, query, expected
+):
+    _, host, token = job_and_host
+    response = api.as_agent(token).get(f"/api/v1/hosts/{host.pk}/allocation/?{query}")
+    # Before: an immediate 200 or 204, the misspelt wait read as none (a tight loop of polls),
+    # a repeated one read as its last.
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(expected)
