@@ -178,3 +178,20 @@ def test_a_long_poll_with_a_parameter_it_does_not_take_is_a_400_saying_which(
     # a repeated one read as its last.
     assert response.status_code == 400
     assert response.json()["detail"].startswith(expected)
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/xml", "text/plain", "*/*"])
+def test_the_agent_endpoints_answer_json_whatever_accept_says(api, job_and_host, sample, accept):
+    job, host, token = job_and_host
+    api.as_agent(token)
+    polled = api.get(f"/api/v1/hosts/{host.pk}/allocation/", HTTP_ACCEPT=accept)
+    shipped = api.post(
+        f"/api/v1/hosts/{host.pk}/metrics/",
+        data=json.dumps({"samples": [sample(1, job.stage_names)]}),
+        content_type="application/json",
+        HTTP_ACCEPT=accept,
+    )
+    # Before: text/html got the browsable API's HTML page, application/xml a 406.
+    for answer in (polled, shipped):
+        assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
+        assert answer.json()

@@ -13,6 +13,7 @@ from webapp import pubsub
 from webapp.jobs.models import Host
 from webapp.jobs.services import latest_allocation
 from webapp.metrics.instruments import held_long_poll
+from webapp.negotiation import AGENT_RENDERERS, JSONWhateverAccept
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
 from webapp.throttles import AgentRateThrottle
 
@@ -32,6 +33,8 @@ class HostAllocationView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsHostAgent]
     throttle_classes = [AgentRateThrottle]
+    renderer_classes = AGENT_RENDERERS
+    content_negotiation_class = JSONWhateverAccept
 
     @extend_schema(
         parameters=[
