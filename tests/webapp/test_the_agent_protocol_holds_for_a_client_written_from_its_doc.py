@@ -158,3 +158,40 @@ def test_a_host_header_not_allowed_is_a_json_400_with_its_length(api, path):
     assert response.status_code == 400
     assert "Host header" in response.json()["detail"]
     assert response["Content-Length"] == str(len(response.content))
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("after=1&timeout=30", "timeout: unknown parameter"),
+        ("after=1&wiat=30", "wiat: unknown parameter"),
+        ("after=1&after=2&wait=0", "after: given more than once"),
+        ("after=1&wait=1&wait=2", "wait: given more than once"),
+    ],
+)
+def test_a_long_poll_with_a_parameter_it_does_not_take_is_a_400_saying_which(
+    api, job_and_host, query, expected
+):
+    _, host, token = job_and_host
+    response = api.as_agent(token).get(f"/api/v1/hosts/{host.pk}/allocation/?{query}")
+    # Before: an immediate 200 or 204, the misspelt wait read as none (a tight loop of polls),
+    # a repeated one read as its last.
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(expected)
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/xml", "text/plain", "*/*"])
+def test_the_agent_endpoints_answer_json_whatever_accept_says(api, job_and_host, sample, accept):
+    job, host, token = job_and_host
+    api.as_agent(token)
+    polled = api.get(f"/api/v1/hosts/{host.pk}/allocation/", HTTP_ACCEPT=accept)
+    shipped = api.post(
+        f"/api/v1/hosts/{host.pk}/metrics/",
+        data=json.dumps({"samples": [sample(1, job.stage_names)]}),
+        content_type="application/json",
+        HTTP_ACCEPT=accept,
+    )
+    # Before: text/html got the browsable API's HTML page, application/xml a 406.
+    for answer in (polled, shipped):
+        assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
+        assert answer.json()

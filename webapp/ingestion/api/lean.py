@@ -65,10 +65,10 @@ EXPECTED_MIDDLEWARE = (
 JSON_TYPES = frozenset(
     {b"application/json", b"application/json; charset=utf-8", b"application/json;charset=utf-8"}
 )
-# DRF's APIView adds these to every answer of HostMetricsView (its renderer, its methods).
+# DRF's APIView adds these to every answer of HostMetricsView (its renderer, its methods; no
+# "Vary: Accept": it answers JSON whatever Accept says, webapp/negotiation.py).
 VIEW_HEADERS = [
     ("Content-Type", "application/json"),
-    ("Vary", "Accept"),
     ("Allow", "GET, POST, HEAD, OPTIONS"),
 ]
 

@@ -15,6 +15,7 @@ from webapp.ingestion.api.schema import metrics_batch_serializer
 from webapp.ingestion.validation import BatchError, unpublished_version, validate_batch
 from webapp.jobs.models import Host
 from webapp.metrics.instruments import observe_batch
+from webapp.negotiation import AGENT_RENDERERS, JSONWhateverAccept
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
 from webapp.throttles import AgentRateThrottle
 
@@ -35,6 +36,9 @@ def _query_float(request, name: str, default: float | None) -> float | None:
 class HostMetricsView(APIView):
     """POST: an agent's batch of samples (agent token; idempotent by sequence number; all or
     nothing). GET: the host's series, downsampled on the server (people)."""
+
+    renderer_classes = AGENT_RENDERERS
+    content_negotiation_class = JSONWhateverAccept
 
     def get_authenticators(self):
         if self.request is not None and self.request.method == "POST":

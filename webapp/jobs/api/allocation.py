@@ -13,6 +13,7 @@ from webapp import pubsub
 from webapp.jobs.models import Host
 from webapp.jobs.services import latest_allocation
 from webapp.metrics.instruments import held_long_poll
+from webapp.negotiation import AGENT_RENDERERS, JSONWhateverAccept
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
 from webapp.throttles import AgentRateThrottle
 
@@ -32,6 +33,8 @@ class HostAllocationView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsHostAgent]
     throttle_classes = [AgentRateThrottle]
+    renderer_classes = AGENT_RENDERERS
+    content_negotiation_class = JSONWhateverAccept
 
     @extend_schema(
         parameters=[
@@ -57,6 +60,7 @@ class HostAllocationView(APIView):
     )
     def get(self, request, host_id: int):
         host: Host = request.auth
+        _only_after_and_wait(request.query_params)
         after = _int_param(request.query_params.get("after"), "after", 0, 0, MAX_VERSION)
         max_wait = settings.INTUNE["LONG_POLL_MAX_WAIT_S"]
         wait = _float_param(request.query_params.get("wait"), "wait", 0.0, 0.0, max_wait)
@@ -91,6 +95,20 @@ class HostAllocationView(APIView):
             return Response(status=status.HTTP_204_NO_CONTENT)
         allocation = latest_allocation(host)
         return Response(AllocationSerializer(allocation).data)
+
+
+def _only_after_and_wait(params) -> None:
+    """A name other than ``after`` and ``wait``, or either given twice, is a 400: a misspelt
+    ``wait`` (``timeout=30``, ``wiat=30``) read as no wait had a third party's agent poll in a
+    tight loop, every answer an immediate 204, and nothing said why."""
+    for name in params:
+        if name not in ("after", "wait"):
+            raise ValidationError(
+                {name: "unknown parameter: this endpoint takes after and wait "
+                 "(docs/agent-protocol.md)"}
+            )  # fmt: skip
+        if len(params.getlist(name)) > 1:
+            raise ValidationError({name: "given more than once"})
 
 
 def _int_param(raw: str | None, name: str, default: int, low: int, high: int) -> int:
