@@ -21,18 +21,26 @@ class StageFailed(RuntimeError):
     def __init__(
         self,
         stage: str,
-        seq: int,
-        error: str,
-        traceback_text: str,
+        seq: int = -1,
+        error: str = "",
+        traceback_text: str = "",
         error_type: str = "",
         source_seq: int = -1,
     ) -> None:
+        if seq == -1 and not error and not traceback_text:
+            # Built from a message alone, as ``type(exc)(message)`` builds any exception (code
+            # that re-raises with context, torch's ExceptionWrapper): that raised TypeError.
+            stage, error = "", stage
+            error_type = error_type or getattr(type(self), "_raised_type", "")
         self.stage = stage
         self.seq = seq
         self.error = error
         self.traceback_text = traceback_text
         self.error_type = error_type
         self.source_seq = source_seq
+        if not stage and seq == -1 and not traceback_text:
+            super().__init__(error)
+            return
         super().__init__(
             f"stage '{stage}' failed on item {seq}: {error}\n"
             f"--- traceback in the worker ---\n{traceback_text}"
@@ -105,6 +113,7 @@ def as_raised_type(failure: StageFailed) -> BaseException:
                     # StageFailed's arguments are not the original type's (OSError's __new__
                     # would read them as errno, strerror, filename, ...).
                     "__new__": _bare_new(kind),
+                    "_raised_type": failure.error_type,  # for one built from a message
                 },
             )
         except TypeError:  # instance lay-out conflict

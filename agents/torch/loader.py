@@ -660,8 +660,8 @@ class _EpochIterator:
         self._readers = loader._readers
         self._readers_ended: set[int] = set()
         self._owner_pid = os.getpid()
-        # torch's NOTE [ IterableDataset and __len__ ]: len(loader) taken before iter() is the
-        # number of samples (batches) the epoch should hold; past it, each batch warns.
+        # torch's NOTE [ IterableDataset and __len__ ]: once len(loader) was asked, each batch
+        # past the dataset's len() warns (torch compares the batches with the samples).
         self._iterable = loader._iterable
         self._num_workers = loader.num_workers
         self._len_called = loader._IterableDataset_len_called

@@ -24,7 +24,15 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data import ChainDataset, Dataset, IterableDataset, TensorDataset
 
+from agents.torch import auto
 from agents.torch.auto import AutoDataLoader as DataLoader
+
+
+@pytest.fixture(autouse=True)
+def no_control_plane(monkeypatch):
+    """No loader here is attached to a control plane (under intune-run the largest is, when
+    the first iteration starts): the loaders are the test's, not a training script's."""
+    monkeypatch.setattr(auto._tuned, "decided", True)
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,11 @@ from agents.pipeline.stage import HARD_MAX_WORKERS
 from agents.torch import DataLoader
 
 
-def test_the_loader_is_generic_in_what_it_yields_as_torchs_is():
+def test_the_loader_is_generic_in_what_it_yields_as_torchs_is(monkeypatch):
     def annotated(loader: DataLoader[list[torch.Tensor]]) -> auto.AutoDataLoader[int]:
         return loader
 
+    monkeypatch.setattr(auto._tuned, "decided", True)  # the test's loader: no control plane
     assert DataLoader[int].__origin__ is DataLoader
     assert auto.AutoDataLoader[int].__origin__ is auto.AutoDataLoader
     loader = auto.AutoDataLoader[int](list(range(4)), batch_size=2, num_workers=1)
