@@ -255,21 +255,48 @@ class StagePool:
         slot = self._free_slot()
         self.counters[slot * WIDTH + FIRST_OUTPUT_AT] = 0.0
         worker = WorkerHandle(slot, self.stage.kind, time.time())
-        if self.stage.kind == "process":
-            self._start_process(worker)
-        else:
-            spec = self.spec(slot)
-            worker.thread = threading.Thread(
-                target=serve_thread,
-                args=(spec, self.inbox, self.outbox, lambda: self._leaving(worker)),
-                name=f"intune-{self.stage.name}-{slot}",
-                daemon=True,
-            )
-            worker.thread.start()
-            worker.native_id = worker.thread.native_id
+        try:
+            if self.stage.kind == "process":
+                self._start_process(worker)
+            else:
+                spec = self.spec(slot)
+                worker.thread = threading.Thread(
+                    target=serve_thread,
+                    args=(spec, self.inbox, self.outbox, lambda: self._leaving(worker)),
+                    name=f"intune-{self.stage.name}-{slot}",
+                    daemon=True,
+                )
+                worker.thread.start()
+                worker.native_id = worker.thread.native_id
+        except BaseException:
+            self._abandon_start(worker)
+            raise
         self.active.append(worker)
         self.lingering.append(worker)
         return worker
+
+    def _abandon_start(self, worker: WorkerHandle) -> None:
+        """A worker's start was cut midway: end it, and keep it where ``reap()``, ``quiet()``
+        and ``shutdown()`` find it.
+
+        ``apply()`` and ``relayout()`` start workers in the caller's thread, the main thread
+        of a training script, where a Ctrl-C's ``KeyboardInterrupt`` (or a SIGTERM handler's
+        ``SystemExit``) is raised wherever it is, ``Thread.start()`` included (it waits for
+        the new thread to run). Cut between its two relays, a process worker had its feeding
+        relay running and no reading one, and was in none of the pool's lists: it took two
+        items, answered them into a pipe nobody read, and the ordered consumer waited for
+        them for ever (the hunter, ``tests/agents/pipeline/hunt.py``: 1 run in 3 of one case;
+        "'s0' 0 item(s) waiting, 2 worker(s); 's1' 0 ..." and no item for 25 s). Now the
+        reading relay starts first (without it the feeding one never starts), and a start cut
+        anywhere kills the worker: its reading relay, if it runs, puts back what it held."""
+        worker.signal(signal.SIGKILL)
+        with worker.cv:
+            worker.retire.set()
+            if worker.kind == "process":
+                worker.ended = True
+            worker.cv.notify_all()
+        self.retiring.append(worker)
+        self.lingering.append(worker)
 
     def _start_process(self, worker: WorkerHandle) -> None:
         assert self.zygote is not None
@@ -296,9 +323,10 @@ class StagePool:
         except psutil.Error:
             worker.process = None
         name = f"intune-{self.stage.name}-{worker.slot}"
+        # The reader first: a feeder running without it loses what it sends (_abandon_start).
         worker.relays = [
-            threading.Thread(target=self._feed, args=(worker,), name=f"{name}-in", daemon=True),
             threading.Thread(target=self._read, args=(worker,), name=f"{name}-out", daemon=True),
+            threading.Thread(target=self._feed, args=(worker,), name=f"{name}-in", daemon=True),
         ]
         for relay in worker.relays:
             relay.start()
@@ -669,7 +697,11 @@ def join_unless_current(thread: threading.Thread, timeout_s: float) -> bool:
     it is on its way out of the stop."""
     if thread is threading.current_thread():
         return False
-    thread.join(max(0.0, timeout_s))
+    try:
+        thread.join(max(0.0, timeout_s))
+    except RuntimeError:
+        # Never started: a worker's start cut before its relay started (_abandon_start).
+        return False
     return thread.is_alive()
 
 

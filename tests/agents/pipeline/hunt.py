@@ -89,7 +89,7 @@ def generate(rng: random.Random) -> dict:
         kind = rng.choice(
             [
                 "apply", "burst", "relayout", "kill", "stopcont", "kill_launcher",
-                "stop_launcher", "consume", "consume", "sleep",
+                "stop_launcher", "consume", "consume", "sleep", "sigint_during",
             ]
         )  # fmt: skip
         if kind == "apply":
@@ -110,6 +110,9 @@ def generate(rng: random.Random) -> dict:
             ops.append([kind, rng.choice([0.05, 0.3, 1.5])])
         elif kind == "consume":
             ops.append(["consume", rng.randint(0, 30)])
+        elif kind == "sigint_during":
+            what = rng.choice(["burst", "relayout", "consume"])
+            ops.append(["sigint_during", what, rng.choice([0.0, 0.005, 0.02, 0.1])])
         else:
             ops.append(["sleep", rng.choice([0.01, 0.1, 0.5])])
     end = rng.choice(["all", "all", "all", "leave", "stop_thread", "stop_thread_now"])
@@ -210,6 +213,8 @@ def run_case(case: dict, log: list) -> None:
             except StopIteration:
                 done = True
                 return
+            except KeyboardInterrupt:
+                raise
             except BaseException as exc:  # noqa: BLE001
                 error.append(exc)
                 done = True
@@ -251,6 +256,24 @@ def run_case(case: dict, log: list) -> None:
             take(op[1])
         elif kind == "sleep":
             time.sleep(op[1])
+        elif kind == "sigint_during":
+            # Ctrl-C lands in an operation: the pipeline must stay whole.
+            try:
+                _later(op[2], _signal_pid, os.getpid(), signal.SIGINT)
+                if op[1] == "burst":
+                    for count in (4, 1, 3, 1, 4, 2):
+                        pipeline.apply({pipeline.stage_names[0]: count})
+                elif op[1] == "relayout" and len(stages) > 1:
+                    for groups in (None, "+".join(s.name for s in stages), None):
+                        try:
+                            pipeline.relayout(groups, timeout_s=0.3)
+                        except LayoutBusy:
+                            pass
+                else:
+                    take(5)
+                time.sleep(0.2)
+            except KeyboardInterrupt:
+                log.append("interrupted")
     end = case["end"]
     if end in ("stop_thread", "stop_thread_now"):
         stopped_by_thread = True

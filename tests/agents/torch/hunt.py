@@ -93,7 +93,8 @@ def generate(rng: random.Random) -> dict:
     for _ in range(rng.randint(1, 10)):
         kind = rng.choice(
             ["take", "take", "apply", "kill", "stopcont", "kill_launcher", "stop_launcher",
-             "break_new", "close_thread", "sigint", "epoch", "sleep", "flurry"]
+             "break_new", "close_thread", "sigint", "epoch", "sleep", "flurry",
+             "sigint_close", "sigint_iter"]
         )  # fmt: skip
         if kind == "take":
             ops.append(["take", rng.randint(1, 10)])
@@ -105,6 +106,8 @@ def generate(rng: random.Random) -> dict:
             ops.append(["sleep", rng.choice([0.05, 0.3])])
         elif kind == "flurry":
             ops.append(["flurry", rng.randint(2, 8)])
+        elif kind in ("sigint_close", "sigint_iter"):
+            ops.append([kind, rng.choice([0.0, 0.005, 0.02, 0.1, 0.3])])
         else:
             ops.append([kind])
     return {
@@ -290,6 +293,20 @@ def run_case(case: dict, log: list) -> None:
                 rows.clear()
             elif kind == "sleep":
                 time.sleep(op[1])
+            elif kind in ("sigint_close", "sigint_iter"):
+                # Ctrl-C lands inside close() or inside iter() (an epoch's start).
+                try:
+                    _later(op[1], _signal, os.getpid(), signal.SIGINT)
+                    if kind == "sigint_close":
+                        loader.close()
+                    else:
+                        iterator = iter(loader)
+                        take(2)
+                    time.sleep(0.4)
+                except KeyboardInterrupt:
+                    log.append("interrupted")
+                iterator = None
+                rows.clear()
             elif kind == "flurry":
                 # Epochs begun and left at once, one after the other.
                 for _ in range(op[1]):
