@@ -67,6 +67,33 @@ SUBSCRIPTION_SILENCE_LIMIT_S = 5.0
 PING_MESSAGE = "intune-allocation-subscription"
 
 
+def disconnect_only_after_body(receive):
+    """``receive`` for Django's ASGI handler: once the body has been read, nothing but
+    ``http.disconnect`` comes from it.
+
+    The web worker wakes the request in progress when its client shuts its writing down
+    (``web_worker.BoundedHttpTools.eof_received``: a held long-poll here answers at once then),
+    and uvicorn's receive() then returns another, empty ``http.request``. Django's handler,
+    its body read, listens for the disconnect alone and asserts anything else: a client that
+    half-closed after its request (docs/agent-protocol.md, "Half-close": it is still answered)
+    got a 500 about half the time, and every live stack logged the traceback once at startup
+    (its health check's client timing out). Such a wake is not a message for Django: the next
+    one (the disconnect, or the answer complete) is."""
+    body_read = False
+
+    async def after_body() -> dict:
+        nonlocal body_read
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+            if not body_read:
+                body_read = not message.get("more_body", False)
+                return message
+
+    return after_body
+
+
 class AllocationWaker:
     """Futures of held long-polls by host id, woken by one Redis pattern subscription."""
 
@@ -301,6 +328,7 @@ class AgentFront:
                 self.waker.start()
                 await self._agent(scope, receive, send, int(match.group(1)), match.group(2))
                 return
+            receive = disconnect_only_after_body(receive)
             if any(name == b"transfer-encoding" for name, _ in scope["headers"]):
                 await self._django_chunked(scope, receive, send)
                 return

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from tests.support.agent_requests import batch
-from tests.support.raw_http import Wire
+from tests.support.raw_http import Wire, request
 
 pytestmark = [
     pytest.mark.slow,
@@ -234,3 +234,27 @@ def test_curl_with_a_host_not_allowed_gets_a_400_with_a_content_length(plane, pa
     assert b"transfer-encoding" not in head and b"content-length:" in head
     if path.startswith("/api/"):
         assert "Host header" in json.loads(body)["detail"]
+
+
+def test_curl_asking_for_h2c_posts_its_batch_over_http11(plane):
+    # curl --http2 (and other clients on http://) asks to upgrade to h2c; the server upgrades
+    # to nothing and serves the request as HTTP/1.1 (RFC 9110 7.8).
+    result = curl("-v", "--http2", *WRITE_OUT, *as_json(plane), "--data-binary", "@-",
+                  plane.url + plane.metrics_path(), body=batch())  # fmt: skip
+    assert b"Upgrade: h2c" in result.stderr
+    status, body = status_and_body(result)
+    # Before: the parser took the request for an upgraded one and skipped its body: 400
+    # "samples: must be a list".
+    assert status == 200 and json.loads(body)["stored"] == 1, result
+
+
+def test_a_request_asking_for_an_upgrade_does_not_swallow_the_one_pipelined_behind_it(plane):
+    upgrade = [("Connection", "Upgrade, HTTP2-Settings"), ("Upgrade", "h2c"),
+               ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA")]  # fmt: skip
+    first = request("GET", plane.allocation_path(), plane.host, plane.agent_headers() + upgrade)
+    second = request("GET", "/healthz", plane.host, [("Connection", "close")])
+    with Wire(plane.url) as wire:
+        wire.send(first + second)
+        answers = [wire.answer(timeout=10), wire.answer(timeout=10)]
+    # Before: the bytes after the first head were taken for the upgraded protocol's: one answer.
+    assert [a.status if a else None for a in answers] == [200, 200]

@@ -25,10 +25,14 @@ It also makes uvicorn's connection handling hold for clients other than ours (do
   connection while a request was queued, and told only the last one queued.
 - A header value's trailing whitespace is not part of it (RFC 9110 5.5): ``Host: h:1 `` is
   ``h:1``. No ``100 Continue`` is sent to an HTTP/1.0 client (RFC 9110 10.1.1).
+- HTTP/2: a client that opens with its preface (prior knowledge) is answered GOAWAY
+  HTTP_1_1_REQUIRED in HTTP/2; a request asking to upgrade (h2c) is served as HTTP/1.1, its
+  body included (httptools skipped it).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -66,6 +70,9 @@ H2_REFUSAL = (
     + (0xD).to_bytes(4, "big")  # HTTP_1_1_REQUIRED
     + H2_REFUSAL_DEBUG
 )
+# A request's Upgrade field, renamed before the parser reads it (see ``_ignoring_upgrade``).
+_UPGRADE_FIELD = re.compile(rb"\r\nupgrade[ \t]*:", re.IGNORECASE)
+IGNORED_UPGRADE = b"\r\nx-ignored-upgrade:"
 # How long the connection then stays open for the client to read that (what it sends meanwhile
 # is discarded: closing with it unread would reset the connection before the client read it).
 H2_LINGER_S = 2.0
@@ -166,6 +173,7 @@ class BoundedHttpTools(HttpToolsProtocol):
                 return
         if self._refused is not None:
             return  # the 431 is written; the connection is closing
+        data = self._ignoring_upgrade(data)
         in_head, heads_begun = self._in_head, self._heads_begun
         super().data_received(data)
         if self._in_message and self._request_timer is None and not self.transport.is_closing():
@@ -184,6 +192,23 @@ class BoundedHttpTools(HttpToolsProtocol):
                 self._refused = f"the request's head is over {self.max_head_bytes} bytes"
         if self._refused is not None:
             self._send_431(self._refused)
+
+    def _ignoring_upgrade(self, data: bytes) -> bytes:
+        """``data`` with the Upgrade field of a request head in it renamed, so that the request
+        is served as the HTTP/1.1 request it also is (RFC 9110 7.8: a server may ignore
+        Upgrade). This server upgrades to nothing (no HTTP/2, no WebSocket), but httptools
+        takes a request with ``Connection: Upgrade`` and ``Upgrade`` for one being upgraded: it
+        skips its body (a batch POSTed by ``curl --http2``, which asks for h2c, reached the
+        view empty: 400 "samples: must be a list") and drops what follows it in the same read
+        (a request pipelined behind one went unanswered). Only head bytes are looked at: those
+        of a chunk that starts a request or continues its head, up to the head's end."""
+        if self._in_message and not self._in_head:
+            return data  # a body in progress
+        end = data.find(b"\r\n\r\n")
+        head = data if end < 0 else data[: end + 2]
+        if _UPGRADE_FIELD.search(head) is None:
+            return data
+        return _UPGRADE_FIELD.sub(IGNORED_UPGRADE, head) + data[len(head) :]
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
