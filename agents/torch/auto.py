@@ -247,7 +247,9 @@ class _Tuned:
                 return
             self.decided = True
             self.tuned = weakref.ref(loader)
-        self._attach(loader, self.index)
+            self.generation += 1
+            generation = self.generation
+        self._attach(loader, self.index, generation)
 
     def iterating(self, loader: DataLoader) -> None:
         with self.lock:
@@ -263,8 +265,11 @@ class _Tuned:
             if choice is None:
                 return
             self.tuned = weakref.ref(choice)
+            # Counted with the choice: two threads' choices attach in the order they were made.
+            self.generation += 1
+            generation = self.generation
             index = next(i for i, ref in enumerate(self.loaders) if ref() is choice)
-        self._attach(choice, index)
+        self._attach(choice, index, generation)
 
     def _choice(self, loader: DataLoader) -> DataLoader | None:
         """The loader to tune from now on, if it changes (under the lock)."""
@@ -289,7 +294,7 @@ class _Tuned:
         best = max(started, key=_batches)  # the first of the largest
         return None if best is tuned else best
 
-    def _attach(self, loader: DataLoader, index: int) -> None:
+    def _attach(self, loader: DataLoader, index: int, generation: int) -> None:
         try:
             batches = _batches(loader)
             size = "unsized" if math.isinf(batches) else f"{batches:.0f} batches"
@@ -298,11 +303,10 @@ class _Tuned:
             log.warning("intune-run: DataLoader #%d is not tuned: %r", index, exc)
             return
         with self.lock:
-            self.generation += 1
             self.ours.add(loader)  # before attach() notes it: not taken for the script's own
             self.attaching = [thread for thread in self.attaching if thread.is_alive()]
             thread = threading.Thread(
-                target=self._run_attach, args=(loader, what, self.generation),
+                target=self._run_attach, args=(loader, what, generation),
                 name="intune-run attach", daemon=True,
             )  # fmt: skip
             self.attaching.append(thread)
