@@ -55,6 +55,20 @@ LAUNCHER_STARTS = 5
 _LAUNCHER_BACKOFF_S = 0.2
 
 
+class _Items:
+    """A consumer's iterator over a pipeline (``Pipeline.__iter__``): each ``next()`` takes
+    one item; an exception it raises (a stage's failure, a Ctrl-C) does not end it."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+
+    def __iter__(self) -> _Items:
+        return self
+
+    def __next__(self) -> Any:
+        return self._pipeline._next_item()
+
+
 @dataclasses.dataclass
 class _Flow:
     """What the source thread tells the collector: the number of items, once all are read."""
@@ -459,7 +473,19 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the last stage's results; raises ``StageFailed`` where a stage raised, and
-        ``PipelineStopped`` where the pipeline was stopped before the source's end."""
+        ``PipelineStopped`` where the pipeline was stopped before the source's end.
+
+        The iterator outlives what it raises: after a ``StageFailed`` or a Ctrl-C's
+        ``KeyboardInterrupt`` caught by the caller, its next ``next()`` goes on with the next
+        item, as a DataLoader's iterator does. (A generator ends at the first exception out
+        of it: a training loop that caught a Ctrl-C in ``next(it)`` and went on got
+        ``StopIteration``, an epoch ended early without a word, and
+        ``agents.torch.DataLoader`` raised ``PipelineStopped`` for a pipeline still
+        running.)"""
+        return _Items(self)
+
+    def _next_item(self) -> Any:
+        """The next item for a consumer (``_Items``), ``StopIteration`` at the source's end."""
         if not self._started:
             self.start()
         if self._owner_pid != os.getpid():
@@ -473,7 +499,7 @@ class Pipeline:
             # Exhausted already: a second loop over the pipeline ends at once instead of
             # waiting for items that will never come. (After a StageFailed, looping again
             # goes on with the items after the failed one, as DataLoader's iterator does.)
-            return
+            raise StopIteration
         while True:
             # Ctrl-C is held from the take to the count: raised in between, it lost the item
             # taken (a loop run again, as in a notebook, missed it, or waited for good for an
@@ -500,7 +526,7 @@ class Pipeline:
                 # Left for the pipeline's other consumers (threads that iterate it side by
                 # side): the one that took the end returned, the others waited for ever.
                 self._ready.put_front([_END])
-                return
+                raise StopIteration
             if isinstance(item, Failure):
                 raise StageFailed(
                     item.stage,
@@ -510,7 +536,7 @@ class Pipeline:
                     item.error_type,
                     item.source_seq,
                 )
-            yield item
+            return item
 
     def _take(self, held: Held) -> Any:
         began = time.monotonic()
