@@ -175,8 +175,8 @@ def _readers_said(workers: int) -> None:
         "intune-run: a DataLoader of an IterableDataset with num_workers=%d loads as torch's, "
         "not tuned: its readers keep their number (there is nothing to resize), and torch "
         "takes their batches round-robin, an order that a checkpoint counting samples "
-        "(mosaicml-streaming, datasets) relies on, where agents.torch.DataLoader takes them "
-        "as they are ready",
+        "(mosaicml-streaming, datasets) relies on, where agents.torch.DataLoader keeps it "
+        "only while no reader falls far behind the others",
         workers,
     )
 
