@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     ranks.add_argument(
         "--ranks",
         type=int,
-        default=int(os.environ.get("LOCAL_WORLD_SIZE") or 1),
-        help="local ranks on this host (env LOCAL_WORLD_SIZE, default 1); registering sends it",
+        default=None,
+        help="local ranks on this host (default: what the launcher set, LOCAL_WORLD_SIZE for "
+        "torchrun, or mpirun's or srun's own, else 1); registering sends it",
     )
     ranks.add_argument(
         "--rank-socket",
@@ -481,6 +482,13 @@ def leave(status: int) -> NoReturn:
 def run(argv: list[str] | None = None) -> int:
     """Run the agent until SIGINT/SIGTERM (or ``--seconds``); return the exit status."""
     args = build_parser().parse_args(argv)
+    if args.ranks is None:
+        from agents.daemon.ranks import local_rank_and_world
+
+        try:
+            _, args.ranks = local_rank_and_world(rank=0)
+        except ValueError as exc:
+            raise SystemExit(f"--ranks: {exc}") from None
     if args.ranks < 1:
         raise SystemExit(f"--ranks {args.ranks}: a host runs at least one rank")
     # One line per record in a log file or journald, rich on a terminal (agents/logs.py).

@@ -1201,26 +1201,67 @@ class RankAttachment:
         self.stop()
 
 
+# Where launchers put a process's local rank and its host's count of ranks, in the order they
+# are read: the first family whose rank is set is the one used (torchrun inside a SLURM
+# allocation sets both torchrun's and SLURM's; torchrun's describe its own processes).
+LAUNCHER_ENV = (
+    ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),  # torchrun, accelerate, DeepSpeed, Lightning (rank only)
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI's mpirun
+    ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),  # MVAPICH2
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH's Hydra, Intel MPI
+    ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),  # srun (the count: see _slurm_tasks_here)
+)
+
+
+def _whole(env: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{env}={raw!r} is not a whole number (its launcher sets it)") from None
+
+
+def _slurm_tasks_here() -> str | None:
+    """This node's count of tasks from ``SLURM_TASKS_PER_NODE`` (``2(x3),1``: 2 on each of
+    the first three nodes, 1 on the fourth) at ``SLURM_NODEID``, for an ``srun`` started
+    without ``--ntasks-per-node``."""
+    spec, node = os.environ.get("SLURM_TASKS_PER_NODE"), os.environ.get("SLURM_NODEID")
+    if not spec or node in (None, ""):
+        return None
+    counts: list[str] = []
+    for part in spec.split(","):
+        count, _, times = part.partition("(x")
+        counts += [count] * (_whole("SLURM_TASKS_PER_NODE", times.rstrip(")")) if times else 1)
+    index = _whole("SLURM_NODEID", node)
+    return counts[index] if 0 <= index < len(counts) else None
+
+
 def local_rank_and_world(rank: int | None = None, ranks: int | None = None) -> tuple[int, int]:
-    """This process's local rank and the host's local world size: the arguments, else torchrun's
-    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, else rank 0 of 1."""
-
-    def read(value: int | None, env: str, default: int) -> int:
-        if value is not None:
-            return int(value)
-        raw = os.environ.get(env)
-        if raw in (None, ""):
-            return default
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f"{env}={raw!r} is not a whole number (torchrun sets it)") from None
-
-    rank = read(rank, "LOCAL_RANK", 0)
-    ranks = read(ranks, "LOCAL_WORLD_SIZE", 1)
+    """This process's local rank and the host's local world size: the arguments, else what
+    its launcher set (``LAUNCHER_ENV``: torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``,
+    Open MPI's, MVAPICH2's, MPICH's, SLURM's), else rank 0 of 1."""
+    family = next(
+        (pair for pair in LAUNCHER_ENV if os.environ.get(pair[0]) not in (None, "")),
+        LAUNCHER_ENV[0],
+    )
+    rank_env, size_env = family
+    if rank is None:
+        raw = os.environ.get(rank_env)
+        rank = 0 if raw in (None, "") else _whole(rank_env, raw)
+    if ranks is None:
+        raw = os.environ.get(size_env)
+        if raw in (None, "") and rank_env == "SLURM_LOCALID":
+            raw = _slurm_tasks_here()
+        ranks = 1 if raw in (None, "") else _whole(size_env, raw)
+    rank, ranks = int(rank), int(ranks)
     if ranks < 1 or not 0 <= rank < ranks:
+        hint = ""
+        if rank_env == "LOCAL_RANK" and not os.environ.get(size_env):
+            hint = (
+                f"; {rank_env} is set without {size_env} (PyTorch Lightning's own launcher "
+                f"does that): export {size_env}, the ranks (devices) on each host"
+            )
         raise ValueError(
             f"local rank {rank} of {ranks} ranks: a rank is between 0 and the local world size "
-            "minus one (LOCAL_RANK, LOCAL_WORLD_SIZE)"
+            f"minus one ({rank_env}, {size_env}){hint}"
         )
     return rank, ranks
