@@ -28,6 +28,7 @@ from tuner.intune_config import IntuneConfig
 from tuner.memory import MemoryEstimator
 from tuner.observation import Decision, Observation
 from tuner.qnetwork import QNetwork
+from tuner.refusals import Refusals
 from tuner.replay import ReplayBuffer
 from tuner.reward import tuning_reward
 from tuner.scaling import ScalingEstimator
@@ -95,6 +96,7 @@ class IntuneTuner:
         self.capacity = CapacityFit()
         self.contention = HostContentionFit()
         self.measured = MeasuredAllocations()
+        self.refusals = Refusals()
         self.worker_cpu = WorkerCpuMeter()
         self.previous: tuple[EncodedState, int] | None = None
         self.last_good_throughput: float | None = None
@@ -163,6 +165,10 @@ class IntuneTuner:
             observation, self.memory, self.per_worker_capacity, exponents, worker_cpu, usl,
             host_usl,
         )  # fmt: skip
+        current = allocation_key(observation)
+        if self.uses_refusals:
+            self.refusals.update(observation, current)
+            self.refusals.mask(current[0], state.allocations, state.mask)
         reward = None
         if self.previous is not None:
             reward = self.reward(observation)
@@ -195,6 +201,8 @@ class IntuneTuner:
             # The incumbent is no single action away: nothing to learn a Q-value for.
             label = "return to the best measured"
             self.previous = None
+        if self.uses_refusals:
+            self.refusals.request(allocation_key(observation, allocation), current)
         self.global_step += 1
         return Decision(
             allocation=dict(zip(names, allocation, strict=False)),
@@ -265,6 +273,11 @@ class IntuneTuner:
     def uses_measured_best(self) -> bool:
         """Whether decisions follow :mod:`tuner.incumbent`'s rules (online only)."""
         return self.config.hold_measured_best and self.mode == "online"
+
+    @property
+    def uses_refusals(self) -> bool:
+        """Whether refused requests are remembered and masked (:mod:`tuner.refusals`)."""
+        return self.config.remember_refusals and self.uses_measured_best
 
     @property
     def uses_capacity_fit(self) -> bool:
@@ -361,6 +374,7 @@ class IntuneTuner:
             "capacity": self.capacity.state_dict(),
             "contention": self.contention.state_dict(),
             "measured": self.measured.state_dict(),
+            "refusals": self.refusals.state_dict(),
             "worker_cpu": self.worker_cpu.state_dict(),
             "previous": previous,
             "last_good_throughput": self.last_good_throughput,
@@ -398,6 +412,9 @@ class IntuneTuner:
         self.measured = MeasuredAllocations()
         if "measured" in state:  # checkpoints from before the measured-best rules
             self.measured.load_state_dict(state["measured"])
+        self.refusals = Refusals()
+        if "refusals" in state:  # checkpoints from before refusals were remembered
+            self.refusals.load_state_dict(state["refusals"])
         self.worker_cpu = WorkerCpuMeter()
         if "worker_cpu" in state:  # checkpoints from before waiting stages were measured
             self.worker_cpu.load_state_dict(state["worker_cpu"])

@@ -73,3 +73,7 @@ class IntuneConfig:
     """With ``capacity_fit``, also fit each stage's capacity per worker against the pipeline's
     total workers (:class:`tuner.capacity.HostContentionFit`): stages that contend for the
     host's memory bandwidth slow together as workers are added anywhere."""
+    remember_refusals: bool = True
+    """Online, mask allocations the host was asked for and did not apply, and any with at least
+    their workers in every stage (:mod:`tuner.refusals`): the tuner's estimate of a worker's CPU
+    may be wrong where the budget's is not. Remembering outcomes is learning: ``prior`` never does."""
