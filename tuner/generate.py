@@ -14,6 +14,8 @@ Kinds where the tuners' capacity model is wrong (issue 15, :func:`model_wrong_sc
 with its workers) and ``consumer_change`` (the trainer's rate changes mid-run, on top of one of the
 others). ``tuner/suites/model_wrong.json`` (seed 2027) may be used in pretraining;
 ``tuner/suites/model_wrong_holdout.json`` (seed 2028, other shapes) is kept out of it.
+``tuner/suites/model_wrong_beyond_noise.json`` (seed 2031, held-out shapes) keeps only the twins
+where the model is wrong by more than the noise, picked by ``prior`` alone: :mod:`tuner.beyond_noise`.
 """
 
 from __future__ import annotations
