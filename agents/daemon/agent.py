@@ -371,16 +371,40 @@ class Agent:
         if len(encoded) > self.config.max_batch_bytes and len(batch) > 1:
             self.buffer.release()
             return self._ship_once(max(1, len(batch) // 2), with_status)
+        with self._lock:
+            # Held before the batch left, so the control plane had it when it answered: a
+            # version newer than its answer names can only be one it no longer has.
+            held_at_send = self._seen_version
         try:
             answer = self.client.post_metrics(encoded)
         except BaseException:
             self.buffer.release()
             raise
         self.buffer.ack(batch, dropped)
+        latest = answer.get("latest_allocation_version")
         with self._lock:
             del self._refused[:n_refused]
             if with_status:
                 self._decisions_reported = max(self._decisions_reported, decisions)
+            went_back = (
+                isinstance(latest, int)
+                and not isinstance(latest, bool)
+                and 0 <= latest < held_at_send <= self._seen_version
+            )
+            if went_back:
+                # The control plane's newest version is below one this agent held before it
+                # sent the batch: its state went back (a database restored from an older
+                # backup). Polls for a version above ours would wait until its versions caught
+                # up, ignoring every allocation until then: poll from just below its newest,
+                # which comes at once.
+                held, self._seen_version = self._seen_version, max(0, latest - 1)
+        if went_back:
+            log.warning(
+                "the control plane's newest allocation is version %d, below the %d this agent "
+                "holds: its state went back (a restored database?); following its allocations "
+                "from version %d on",
+                latest, held, latest,
+            )  # fmt: skip
         self.shipped_total += len(batch)
         self.last_error = None
         if self.prometheus is not None:
