@@ -398,7 +398,10 @@ def run_forked(fn, arg, bound_s: float, log_path: Path) -> tuple[str, float, str
     return "fail", took, text + log_path.read_text()[-5000:]
 
 
-def main() -> None:
+def hunt(generate, run_case, bound_s: float, name: str) -> None:
+    """The hunters' command line: ``--cases N`` generated cases from ``--seed S`` (or
+    ``--replay SEED``), each run forked under ``bound_s``; every case that failed or hung is
+    printed with its report, and the tally is kept in ``var/hunt-{name}.json``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=20)
     parser.add_argument("--seed", type=int, default=int(time.time()))
@@ -411,18 +414,25 @@ def main() -> None:
     for seed in seeds:
         case = generate(random.Random(seed))
         outcome, took, report = run_forked(
-            run_case, case, CASE_BOUND_S, out / f"hunt-case-{os.getpid()}.log"
+            run_case, case, bound_s, out / f"hunt-{name}-case-{os.getpid()}.log"
         )
         tally["cases"] += 1
         tally[outcome] += 1
         tally["longest_s"] = max(tally["longest_s"], round(took, 2))
-        line = f"seed {seed}: {outcome} in {took:.1f}s"
-        print(line, report.splitlines()[0][:200] if outcome == "ok" and report else "", flush=True)
+        print(
+            f"seed {seed}: {outcome} in {took:.1f}s",
+            report.splitlines()[0][:200] if outcome == "ok" and report else "",
+            flush=True,
+        )
         if outcome != "ok":
             tally["found"].append({"seed": seed, "outcome": outcome, "case": case})
             print(json.dumps(case), "\n", report[-8000:], flush=True)
-        (out / "hunt-pipeline.json").write_text(json.dumps(tally, indent=1) + "\n")
+        (out / f"hunt-{name}.json").write_text(json.dumps(tally, indent=1) + "\n")
     print(json.dumps({k: v for k, v in tally.items() if k != "found"}))
+
+
+def main() -> None:
+    hunt(generate, run_case, CASE_BOUND_S, "pipeline")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ left. Tally in ``var/hunt-loader.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import signal
@@ -22,14 +20,13 @@ import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import psutil
 import torch
 
 from agents.pipeline import PipelineStopped, StageFailed
 from agents.torch import DataLoader
-from tests.agents.pipeline.hunt import run_forked
+from tests.agents.pipeline.hunt import hunt
 
 CASE_BOUND_S = 90.0
 warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -337,33 +334,7 @@ def run_case(case: dict, log: list) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=int(time.time()))
-    parser.add_argument("--replay", type=int, default=None)
-    args = parser.parse_args()
-    out = Path(__file__).resolve().parents[3] / "var"
-    out.mkdir(exist_ok=True)
-    tally = {"cases": 0, "ok": 0, "fail": 0, "hang": 0, "longest_s": 0.0, "found": []}
-    seeds = [args.replay] if args.replay is not None else [args.seed + k for k in range(args.cases)]
-    for seed in seeds:
-        case = generate(random.Random(seed))
-        outcome, took, report = run_forked(
-            run_case, case, CASE_BOUND_S, out / f"hunt-loader-case-{os.getpid()}.log"
-        )
-        tally["cases"] += 1
-        tally[outcome] += 1
-        tally["longest_s"] = max(tally["longest_s"], round(took, 2))
-        print(
-            f"seed {seed}: {outcome} in {took:.1f}s",
-            report.splitlines()[0][:200] if outcome == "ok" and report else "",
-            flush=True,
-        )
-        if outcome != "ok":
-            tally["found"].append({"seed": seed, "outcome": outcome, "case": case})
-            print(json.dumps(case), "\n", report[-8000:], flush=True)
-        (out / "hunt-loader.json").write_text(json.dumps(tally, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in tally.items() if k != "found"}))
+    hunt(generate, run_case, CASE_BOUND_S, "loader")
 
 
 if __name__ == "__main__":
