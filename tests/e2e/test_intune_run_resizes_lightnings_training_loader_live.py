@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from webapp.stack.supervisor import wait_until
+from tests.support.processes import wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -117,11 +117,8 @@ def test_an_override_resizes_the_training_loader_of_a_lightning_script(
             def moved():
                 return "tuning DataLoader #1 (50 batches" in log_path.read_text() or None
 
-            try:
-                wait_until(moved, 90, interval=0.5, what="the training loader tuned")
-                wait_until(workers, 60, interval=0.5, what="the script's samples")
-            except TimeoutError as exc:
-                raise AssertionError(f"{exc}\n{log_path.read_text()[-3000:]}") from exc
+            wait_showing_log(moved, 90, log_path, "the training loader tuned")
+            wait_showing_log(workers, 60, log_path, "the script's samples")
             put = api.put(
                 f"/api/v1/hosts/{host_id}/override/",
                 json={"workers": {"fetch+collate": 3}, "reason": "intune-run Lightning test"},
@@ -132,10 +129,7 @@ def test_an_override_resizes_the_training_loader_of_a_lightning_script(
                 lines = [line for line in log_path.read_text().splitlines() if line[:1] == "{"]
                 return any(json.loads(line).get("train") == {"fetch+collate": 3} for line in lines)
 
-            try:
-                wait_until(resized, 60, interval=0.5, what="the training loader at 3 workers")
-            except TimeoutError as exc:
-                raise AssertionError(f"{exc}\n{log_path.read_text()[-3000:]}") from exc
+            wait_showing_log(resized, 60, log_path, "the training loader at 3 workers")
         stop.touch()
         assert run.wait(timeout=90) == 0, log_path.read_text()[-3000:]
     finally:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from webapp.stack.supervisor import wait_until
+from tests.support.processes import wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -94,10 +94,7 @@ def test_an_unchanged_script_is_tuned_and_keeps_its_batches(live_control_plane, 
                 workers = metrics["stages"].get("fetch+collate", {}).get("workers")
                 return workers or None
 
-            try:
-                wait_until(reported, 90, interval=0.5, what="the script's samples")
-            except TimeoutError as exc:
-                raise AssertionError(f"{exc}\n{log_path.read_text()[-3000:]}") from exc
+            wait_showing_log(reported, 90, log_path, "the script's samples")
             put = api.put(
                 f"/api/v1/hosts/{host_id}/override/",
                 json={"workers": {"fetch+collate": 3}, "reason": "intune-run test"},
@@ -108,10 +105,7 @@ def test_an_unchanged_script_is_tuned_and_keeps_its_batches(live_control_plane, 
                 workers = reported()
                 return workers if workers and workers[-1] == 3 else None
 
-            try:
-                wait_until(resized, 60, interval=0.5, what="the loader at 3 workers")
-            except TimeoutError as exc:
-                raise AssertionError(f"{exc}\n{log_path.read_text()[-3000:]}") from exc
+            wait_showing_log(resized, 60, log_path, "the loader at 3 workers")
             allocation = api.get(f"/api/v1/hosts/{host_id}/").json()["allocation"]
             assert allocation["status"] == "applied", allocation
         stop.touch()

@@ -1,11 +1,14 @@
-"""Which processes still run, for tests that check nothing is left behind."""
+"""Which processes still run, for tests that check nothing is left behind; and waits on what a
+process does that fail with the tail of its log."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -34,3 +37,14 @@ def exit_code_within(pid: int, seconds: float, poll_s: float = 0.05) -> int | No
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None
+
+
+def wait_showing_log(condition: Callable[[], Any], timeout_s: float, log_path: Path, what: str):
+    """``wait_until(condition, timeout_s)`` polling every 0.5 s; past the bound an
+    ``AssertionError`` that ends with the last 3,000 characters of the process's log."""
+    from webapp.stack.supervisor import wait_until  # the agents' tests import this module too
+
+    try:
+        return wait_until(condition, timeout_s, interval=0.5, what=what)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{log_path.read_text()[-3000:]}") from exc
