@@ -324,6 +324,7 @@ def run(
     on_start=None,
     client: str = "aiohttp",
     server_processes=None,
+    database: str | None = None,
 ) -> dict:
     """Run the load and return its figures (``stored`` is counted from the server's answers).
 
@@ -369,7 +370,12 @@ def run(
     if on_start is not None:
         on_start()
     watched = list(server_processes()) if server_processes else []
+    if watched:  # for a profiler to attach to (py-spy record -p PID)
+        print(
+            "web processes: " + ",".join(str(p.pid) for p in watched), file=sys.stderr, flush=True
+        )
     server_cpu = cpu_of(watched)
+    database_cpu = database_processes_cpu(database) if database else None
     started = time.monotonic()
     for w in workers:
         w.start()
@@ -378,6 +384,8 @@ def run(
         w.join(timeout=30)
     elapsed = time.monotonic() - started
     server_cpu = cpu_of(watched) - server_cpu
+    if database:
+        database_cpu = database_processes_cpu(database) - database_cpu
     load_average = [round(x, 2) for x in os.getloadavg()]
     latencies = sorted(lat for r in results for lat in r["latencies"])
     errors = [e for r in results for e in r["errors"]]
@@ -431,8 +439,31 @@ def run(
         else None,
         "server_cpu_s": round(server_cpu, 2) if watched else None,
         "server_cores": round(server_cpu / elapsed, 3) if watched else None,
+        "server_cpu_ms_per_request": round(1000 * server_cpu / requests, 3)
+        if watched and requests
+        else None,
+        # The PostgreSQL backends of the stack's database (psutil; the server on this machine):
+        # the other half of a request's CPU on the server's side.
+        "database_cpu_s": round(database_cpu, 2) if database else None,
+        "database_cpu_ms_per_request": round(1000 * database_cpu / requests, 3)
+        if database and requests
+        else None,
         "load_average": load_average,
     }
+
+
+def database_processes_cpu(database: str) -> float:
+    """CPU seconds so far of the live PostgreSQL backends serving ``database`` (this machine's;
+    0 where none can be read). A backend that ended during the run takes its CPU with it, so
+    read this over a stack whose connections are kept (the web processes' are)."""
+    return cpu_of(
+        [
+            process
+            for process in psutil.process_iter(["name", "cmdline"])
+            if (process.info["name"] or "").startswith("postgres")
+            and f" {database} " in " ".join(process.info["cmdline"] or ())
+        ]
+    )
 
 
 def cpu_of(processes: list[psutil.Process]) -> float:
@@ -542,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             long_poll_wait=args.long_poll_wait,
             client=args.client,
             server_processes=(lambda: web_processes(stack)) if stack is not None else None,
+            database=stack.database.name if stack is not None else None,
         )
         figures["web_tier"] = args.web_tier if stack is not None else "given by --url"
         if stack is not None:

@@ -21,11 +21,14 @@ connection (about 12 KB, no thread):
   when it has a Content-Encoding (``body_refusal``). A chunked body is read here up to the limit
   (``413`` beyond) and handed to Django with its length: Django's ASGI handler took a chunked
   body whole, without a limit, and DRF read one without a Content-Length as empty.
+- A request without a ``Host`` field (HTTP/1.1), or with two, is answered ``400`` here
+  (``host_refusal``): Django took the server's own address for it.
 - ``HEAD`` of an agent endpoint is served here as its ``GET``: through Django's handler a HEAD
   long-poll blocked the one thread Django's synchronous views share for its whole wait.
 """
 
 import asyncio
+import functools
 import io
 import json
 import logging
@@ -33,6 +36,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
@@ -43,11 +47,13 @@ from django.core.handlers.wsgi import WSGIHandler
 from webapp.env import envint
 from webapp.ingestion.api import lean
 from webapp.jobs.api import lean as lean_allocation
-from webapp.jobs.api.allocation import HOLD_KEY, render_newer_allocation
+from webapp.jobs.api.allocation import HOLD_KEY, HOST_GONE, render_newer_allocation
+from webapp.jobs.models import hash_agent_token
 from webapp.metrics.instruments import held_long_poll
+from webapp.permissions import agent_lookups_read_together
 from webapp.pubsub import CONNECTION_OPTIONS as REDIS_OPTIONS
 from webapp.pubsub import SOCKET_TIMEOUT_S
-from webapp.stack.web_worker import CLIENT_EOF
+from webapp.stack.web_worker import CLIENT_EOF, TARGET_AUTHORITY
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +219,33 @@ class AllocationWaker:
             self.wake(host_id)
 
 
+def host_refusal(scope: dict) -> tuple[int, bytes, list] | None:
+    """The ``400`` of a request whose Host field is missing (an HTTP/1.1 request must send one;
+    HTTP/1.0 need not, and is answered as to the server's own name) or given more than once
+    (RFC 9112 3.2); None otherwise. Before, such a request was served as if to the server's own
+    address (``scope["server"]``), which passed DJANGO_ALLOWED_HOSTS."""
+    given = [value.strip() for name, value in scope["headers"] if name == b"host"]
+    authority = scope.get(TARGET_AUTHORITY)
+    if authority is not None and len(given) == 1 and authority.lower() != given[0].lower():
+        # RFC 9112 3.2.2: the target's authority is the request's host, whatever Host says;
+        # one that names another host than Host is refused rather than served as Host's.
+        detail = (
+            f"the request target names host {authority.decode('latin-1')[:100]!r} but its Host "
+            f"header says {given[0].decode('latin-1')[:100]!r}: send the path alone "
+            "(/api/v1/...), or the same host in both"
+        )
+        return 400, _detail(detail), [(b"connection", b"close")]
+    if len(given) == 1 or (not given and scope.get("http_version") == "1.0"):
+        return None
+    detail = (
+        "the request has no Host header; HTTP/1.1 requires one: send the host name of the "
+        "control plane's URL"
+        if not given
+        else f"the request has {len(given)} Host headers; send exactly one"
+    )
+    return 400, _detail(detail), [(b"connection", b"close")]
+
+
 def body_refusal(headers, max_body: int) -> tuple[int, bytes, list] | None:
     """``(status, content, headers)`` of the answer to a request whose body is refused from its
     head alone (a Content-Length over ``max_body``: 413; a Content-Encoding: 415), else None.
@@ -220,6 +253,7 @@ def body_refusal(headers, max_body: int) -> tuple[int, bytes, list] | None:
     one never sends its body, so that answer also closes the connection."""
     length = encoding = None
     expects = chunked = False
+    codings = []
     for name, value in headers:
         if name == b"content-length":
             length = value
@@ -227,8 +261,18 @@ def body_refusal(headers, max_body: int) -> tuple[int, bytes, list] | None:
             encoding = value
         elif name == b"transfer-encoding":
             chunked = True
+            codings += [c.strip().lower() for c in value.split(b",")]
         elif name == b"expect":
             expects = value.strip().lower() == b"100-continue"
+    if chunked and codings != [b"chunked"]:
+        # RFC 9112 6.1: a transfer coding the server does not know is a 501. The parser
+        # de-chunked "gzip, chunked" and handed the gzip-coded bytes over as the body.
+        said = b", ".join(codings).decode("latin-1")[:100]
+        detail = (
+            f"the body's Transfer-Encoding is {said!r}: this server reads only 'chunked' "
+            "(or a Content-Length); send the body without other codings"
+        )
+        return 501, _detail(detail), [(b"connection", b"close")]
     if length is None and encoding is None:
         return None
     extra = [(b"connection", b"close")] if expects else []
@@ -289,6 +333,118 @@ def wsgi_environ(scope: dict, body: bytes) -> dict:
     return environ
 
 
+POST, POLL = "post", "poll"
+# A group whose serving took longer than this (the database away: each request waits out its
+# connection attempts) hands its remaining requests back, to be served each on its own thread.
+GROUP_SERIAL_LIMIT_S = 0.5
+ALONE = object()  # a gathered request's answer: serve me alone
+# The most lean requests one thread serves together (a group's batches share a transaction,
+# whose host rows stay locked until its commit).
+GATHERED_AT_MOST = 32
+
+
+class _Raised:
+    """An exception raised serving one request of a group, raised again in its coroutine."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _token_hashes(requests) -> list[str]:
+    """The hashes of the agent tokens of gathered requests (``Authorization: Agent <token>``)
+    whose lookups one query reads ahead; a request without one is looked up (or refused) as
+    before."""
+    if len(requests) < 2:
+        return []
+    hashes = []
+    for _, scope, _, _ in requests:
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"authorization":
+                parts = value.split()
+                if len(parts) == 2 and parts[0].lower() == b"agent":
+                    hashes.append(hash_agent_token(parts[1].decode(errors="replace")))
+                break
+    return hashes
+
+
+class Gathered:
+    """The lean agents' requests that arrive in one turn of the event loop, handed to the pool
+    together: one thread serves up to GATHERED_AT_MOST of them (``serve``), and their batches
+    are stored in one transaction.
+
+    Why: a fleet in step sends its batches and re-arms in the same instant. Handed to the pool
+    one by one, each request cost a future, a thread's wake-up and a ``call_soon_threadsafe``
+    back (about a fifth of the web process's CPU in such a burst, py-spy), and each batch a
+    commit of its own in PostgreSQL (a quarter of its CPU for a batch). Gathered, a group costs
+    one hop and one commit; nothing waits for a group to fill: the requests of one turn are
+    handed over at the end of it (``call_soon``), however few."""
+
+    def __init__(self, pool: ThreadPoolExecutor, serve, at_once: int = 2) -> None:
+        self.pool = pool
+        self.serve = serve
+        # Groups in flight at once (``INTUNE_GATHERED_GROUPS``): while they are, the requests
+        # that arrive wait and form the next group. 2 keeps both cores of a small host busy
+        # (one group's Python beside another's statements) and the groups large.
+        self.at_once = max(1, at_once)
+        self.in_flight = 0
+        self.scheduled = False
+        self.pending: list[tuple[tuple, asyncio.Future]] = []
+
+    async def submit(self, kind: str, scope: dict, host_id: int, data: bytes):
+        """The request's answer, once the group it joined is served."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.append(((kind, scope, host_id, data), future))
+        if not self.scheduled and self.in_flight < self.at_once:
+            self.scheduled = True
+            loop.call_soon(self._hand_over, loop)
+        answer = await future
+        if isinstance(answer, _Raised):
+            raise answer.exc
+        return answer
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.scheduled = False
+        while self.pending and self.in_flight < self.at_once:
+            group = self.pending[:GATHERED_AT_MOST]
+            del self.pending[:GATHERED_AT_MOST]
+            try:
+                done = self.pool.submit(self.serve, [request for request, _ in group])
+            except RuntimeError as exc:  # the pool shut down: the process is stopping
+                self._answer(group, None, exc)
+                continue
+            self.in_flight += 1
+            done.add_done_callback(functools.partial(self._served, loop, group))
+
+    def _served(self, loop: asyncio.AbstractEventLoop, group, done) -> None:
+        try:
+            loop.call_soon_threadsafe(self._answer, group, done, None)
+        except RuntimeError:  # the loop has closed: no one is waiting any more
+            pass
+
+    def _answer(self, group, done, error: BaseException | None) -> None:
+        if done is not None:
+            self.in_flight -= 1
+            if self.pending and not self.scheduled:
+                self.scheduled = True
+                asyncio.get_running_loop().call_soon(self._hand_over, asyncio.get_running_loop())
+        cancelled = error is None and done.cancelled()  # the pool shut down before serving it
+        if error is None and not cancelled:
+            error = done.exception()
+        answers = done.result() if error is None and not cancelled else [None] * len(group)
+        for (_, future), answer in zip(group, answers, strict=True):
+            if future.done():  # its request was cancelled (its client went away)
+                continue
+            if cancelled:
+                future.cancel()
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(answer)
+
+
 class AgentFront:
     """The ASGI application: see the module's docstring."""
 
@@ -302,6 +458,10 @@ class AgentFront:
         self.lean_post = lean.LeanBatchPost() if lean.enabled() else None
         # The usual re-arm of an allocation long-poll, without Django (webapp/jobs/api/lean.py).
         self.lean_poll = lean_allocation.LeanAllocationPoll() if lean.enabled() else None
+        # The lean requests that arrive together, served together (Gathered).
+        self.gathered = Gathered(
+            self.pool, self._serve_together, envint("INTUNE_GATHERED_GROUPS", 2)
+        )
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -319,7 +479,7 @@ class AgentFront:
                     b"text/html",
                 )
                 return
-            refusal = body_refusal(scope["headers"], self.max_body)
+            refusal = host_refusal(scope) or body_refusal(scope["headers"], self.max_body)
             if refusal is not None:
                 await self._refuse(send, *refusal)
                 return
@@ -426,9 +586,14 @@ class AgentFront:
             return
         loop = asyncio.get_running_loop()
         if self.lean_post and endpoint == "metrics" and scope["method"] == "POST":
-            answer = await loop.run_in_executor(
-                self.pool, self._lean, self.lean_post, scope, host_id, data
-            )
+            answer = await self.gathered.submit(POST, scope, host_id, data)
+            if answer is ALONE:
+                answer = await loop.run_in_executor(
+                    self.pool, self._lean, self.lean_post, scope, host_id, data
+                )
+            elif isinstance(answer, lean.Admitted):
+                # Its group could not be stored together: stored alone, on a thread of its own.
+                answer = await loop.run_in_executor(self.pool, self.lean_post.store_alone, answer)
             if answer is not None:
                 await self._send(send, *answer)
                 return
@@ -442,9 +607,11 @@ class AgentFront:
             and scope["method"] == "GET"
         ):
             try:
-                held = await loop.run_in_executor(
-                    self.pool, self._lean, self.lean_poll, scope, host_id, data
-                )
+                held = await self.gathered.submit(POLL, scope, host_id, data)
+                if held is ALONE:
+                    held = await loop.run_in_executor(
+                        self.pool, self._lean, self.lean_poll, scope, host_id, data
+                    )
                 if held is not None:
                     with held_long_poll():
                         after, wait = held
@@ -519,6 +686,8 @@ class AgentFront:
                 content = await loop.run_in_executor(
                     self.pool, render_newer_allocation, hold["host_id"], hold["after"]
                 )
+                if content == HOST_GONE:
+                    break  # its job was deleted (woken by publish_host_gone): 204 now
                 if content is not None:
                     await self._respond(send, 200, content, b"application/json")
                     return
@@ -526,6 +695,54 @@ class AgentFront:
             await self._respond(send, 204, b"", None)
         finally:
             gone.cancel()
+
+    def _serve_together(self, requests: list[tuple[str, dict, int, bytes]]) -> list:
+        """On a thread of the pool: the answers of lean requests gathered from one turn of the
+        event loop (``Gathered``), in order. A re-arm's is ``LeanAllocationPoll``'s; a batch's
+        is ``LeanBatchPost``'s, the batches admitted stored in ONE transaction
+        (``store_together``), each answered only once all are committed; when they cannot be
+        stored together, each batch's answer is its ``Admitted``, to be stored alone. A request
+        whose handling raised gets its exception (``_Raised``), the others their answers."""
+        with agent_lookups_read_together(_token_hashes(requests)):
+            return self._serve_gathered(requests)
+
+    def _serve_gathered(self, requests: list[tuple[str, dict, int, bytes]]) -> list:
+        answers: list = []
+        admitted: list[int] = []
+        alone_after = time.monotonic() + GROUP_SERIAL_LIMIT_S
+        for kind, scope, host_id, data in requests:
+            if time.monotonic() > alone_after:
+                # Slow (the database away, a lock waited on): the rest each on a thread of its
+                # own, as before grouping, rather than one after another behind this one.
+                answers.append(ALONE)
+                continue
+            try:
+                if kind == POLL:
+                    answers.append(self._lean(self.lean_poll, scope, host_id, data))
+                    continue
+                answer = self._lean(self.lean_post.admit, scope, host_id, data)
+            except Exception as exc:  # noqa: BLE001 - raised again in that request's coroutine
+                answers.append(_Raised(exc))
+                continue
+            if isinstance(answer, lean.Admitted):
+                admitted.append(len(answers))
+            answers.append(answer)
+        if len(admitted) == 1:
+            i = admitted[0]
+            try:
+                answers[i] = self.lean_post.store_alone(answers[i])
+            except Exception as exc:  # noqa: BLE001
+                answers[i] = _Raised(exc)
+        elif admitted:
+            try:
+                stored = self.lean_post.store_together([answers[i] for i in admitted])
+            except Exception:  # noqa: BLE001 - each is stored alone, which answers for itself
+                log.exception("storing %d batches together failed", len(admitted))
+                stored = None
+            if stored is not None:
+                for i, answer in zip(admitted, stored, strict=True):
+                    answers[i] = answer
+        return answers
 
     @staticmethod
     def _lean(path, scope: dict, host_id: int, data: bytes):

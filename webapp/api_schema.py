@@ -97,3 +97,26 @@ class SchemaView(SpectacularAPIView):
     def get(self, request, *args, **kwargs):
         with self._building:
             return super().get(request, *args, **kwargs)
+
+
+def refuse_unknown_fields(result, generator, request, public):
+    """drf-spectacular post-processing hook: the request bodies of serializers that refuse a
+    field they do not have (``webapp.strict_fields.KnownFieldsOnly``) say so
+    (``additionalProperties: false``), so a client generated from the schema, and a fuzzer,
+    know it. Read-only fields are left out of request components, but still taken (ignored)."""
+    from webapp.strict_fields import KnownFieldsOnly
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    bases = {cls.__name__.removesuffix("Serializer") for cls in subclasses(KnownFieldsOnly)}
+    bases.add("TokenRequest")  # TokenView checks its two fields itself
+    schemas = result.get("components", {}).get("schemas", {})
+    for base in bases:
+        for name in (f"{base}Request", f"Patched{base}Request"):
+            component = schemas.get(name)
+            if component is not None and component.get("type") == "object":
+                component["additionalProperties"] = False
+    return result

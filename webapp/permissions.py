@@ -2,8 +2,11 @@
 reaches only its own host's endpoints."""
 
 import functools
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
 from rest_framework import authentication, exceptions, permissions
 
 from webapp.jobs.models import Host, Job, hash_agent_token
@@ -142,7 +145,10 @@ def host_by_token_hash(token_hash: str, *, agent_fields: bool = False) -> Host |
 
     db = connections[DEFAULT_DB_ALIAS]  # once: each use of the ``connection`` proxy looks it up
     sql, expressions, converters, host_fields, job_fields = _token_lookup(agent_fields)
-    if db.vendor == "postgresql" and prepare():
+    prefetched = getattr(_prefetched, "rows", None)
+    if agent_fields and prefetched is not None and token_hash in prefetched:
+        row = prefetched[token_hash]
+    elif db.vendor == "postgresql" and prepare():
         with prepared_cursor() as cursor:
             cursor.execute(sql, [token_hash], prepare=True)
             row = cursor.fetchone()
@@ -160,3 +166,42 @@ def host_by_token_hash(token_hash: str, *, agent_fields: bool = False) -> Host |
     job = Job.from_db(db.alias, job_fields, values[len(host_fields) :])
     Host.job.field.set_cached_value(host, job)
     return host
+
+
+# Rows of the agents' lookup read ahead for a group of requests, on this thread
+# (``agent_lookups_read_together``): token hash -> row, None for a hash no host has.
+_prefetched = threading.local()
+
+
+@contextmanager
+def agent_lookups_read_together(token_hashes: Iterable[str]) -> Iterator[None]:
+    """Within it, on this thread, ``host_by_token_hash(h, agent_fields=True)`` of any of
+    ``token_hashes`` answers from ONE query made here for all of them (``token_hash = ANY``)
+    instead of a query each: the web process serves the agents' requests that arrive together
+    as a group (webapp/agent_asgi.py, ``Gathered``), and each lookup was a round trip of its own.
+    Each call still builds a Host of its own. When that query fails (the database away, a kept
+    connection gone), nothing is read ahead: each lookup queries as before, and handles the
+    error as before."""
+    from webapp.ingestion.inserts import prepare, prepared_cursor
+
+    hashes = list(dict.fromkeys(token_hashes))
+    db = connections[DEFAULT_DB_ALIAS]
+    rows: dict[str, tuple | None] | None = None
+    if len(hashes) > 1 and db.vendor == "postgresql" and prepare() and not db.in_atomic_block:
+        sql, _, _, host_fields, _ = _token_lookup(True)
+        sql = sql.replace(" = %s", " = ANY(%s)")
+        at = host_fields.index("token_hash")
+        try:
+            with prepared_cursor() as cursor:
+                cursor.execute(sql, [hashes], prepare=True)
+                rows = dict.fromkeys(hashes)
+                for row in cursor.fetchall():
+                    rows[row[at]] = row
+        except DatabaseError:
+            db.close()  # as a failed lookup does: a checked connection next time
+            rows = None
+    _prefetched.rows = rows
+    try:
+        yield
+    finally:
+        _prefetched.rows = None

@@ -47,6 +47,15 @@ def publish_allocation(host_id: int, version: int) -> None:
         log.warning("could not publish allocation v%s of host %s: %s", version, host_id, exc)
 
 
+def publish_host_gone(host_id: int) -> None:
+    """Wake the host's held long-polls: it was deleted (with its job). They answer 204 at once
+    rather than at the end of their wait, and the agent's next request is a 401."""
+    try:
+        client().publish(allocation_channel(host_id), "gone")
+    except redis.RedisError as exc:
+        log.warning("could not wake the long-polls of deleted host %s: %s", host_id, exc)
+
+
 def wait_for_newer_version(
     host_id: int, after: int, wait_s: float, current_version: Callable[[], int]
 ) -> int:

@@ -231,6 +231,10 @@ INTUNE = {
     # Roll-up resolution and how long rolled-up samples are kept.
     "ROLLUP_STEP_S": envint("INTUNE_ROLLUP_STEP_S", 60),
     "ROLLUP_RETENTION_S": envfloat("INTUNE_ROLLUP_RETENTION_S", 30 * 86400.0),
+    # How far ahead of this server's clock a sample's ts may be; a later one refuses its batch
+    # with a 400 naming the sample (docs/agent-protocol.md, "Clocks"). Trainer hosts' clocks
+    # drift; NTP keeps them within milliseconds, an unsynced one drifts seconds a day.
+    "MAX_CLOCK_SKEW_S": envfloat("INTUNE_MAX_CLOCK_SKEW_S", 300.0),
     # Most samples in one batch, and most points per series in an answer.
     "MAX_SAMPLES_PER_BATCH": envint("INTUNE_MAX_SAMPLES_PER_BATCH", protocol.MAX_SAMPLES_PER_BATCH),
     "MAX_POINTS_PER_SERIES": envint("INTUNE_MAX_POINTS_PER_SERIES", 1000),
@@ -246,6 +250,11 @@ INTUNE = {
     "ALERT_WINDOW_S": envfloat("INTUNE_ALERT_WINDOW_S", 30.0),
     "ALERT_BASELINE_S": envfloat("INTUNE_ALERT_BASELINE_S", 600.0),
 }
+if INTUNE["MAX_CLOCK_SKEW_S"] < 0:
+    raise ImproperlyConfigured(
+        f"INTUNE_MAX_CLOCK_SKEW_S={INTUNE['MAX_CLOCK_SKEW_S']:g} would refuse every sample: give "
+        "the seconds a sample's ts may be ahead of this server's clock, e.g. 300"
+    )
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("INTUNE_MAX_BODY_BYTES", protocol.MAX_BODY_BYTES)
 # Agents' usual batches stored by webapp/ingestion/api/lean.py ahead of Django and DRF (about
 # half the CPU of a request); off, Django's view stores every batch. Its answers are the same.
@@ -280,6 +289,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "webapp.api_schema.document_errors",
+        "webapp.api_schema.refuse_unknown_fields",
         "webapp.jobs.api.tuning_options.job_rules_across_fields",
     ],
 }

@@ -182,3 +182,15 @@ def test_a_job_may_choose_the_prior_tuner_which_takes_only_the_control_planes_op
     refused = post_job(api, operator, "prior-2", tuner="prior", tuning_options={"gamma": 0.5})
     assert refused.status_code == 400
     assert "takes no options" in refused.json()["detail"]
+
+
+def test_a_description_over_ten_thousand_characters_is_refused(api, operator):
+    body = {"name": "long", "stages": [{"name": "read"}], "description": "x" * 10_001}
+    response = api.as_user(operator).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(
+        "description: Ensure this field has no more than 10000"
+    )
+    assert not Job.objects.filter(name="long").exists()
+    body["description"] = "x" * 10_000
+    assert api.as_user(operator).post("/api/v1/jobs/", body, format="json").status_code == 201

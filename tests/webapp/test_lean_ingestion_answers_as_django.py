@@ -9,6 +9,8 @@ tests: the pool's threads have connections of their own).
 
 import asyncio
 import json
+import re
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.support.asgi_fronts import close_front_pool
 from webapp.agent_asgi import AgentFront
+from webapp.ingestion import validation
 from webapp.ingestion.api import lean
 from webapp.ingestion.models import HostSample, StageSample
 from webapp.jobs.models import Allocation
@@ -80,7 +83,10 @@ class Fronts:
 
 
 @pytest.fixture
-def fronts():
+def fronts(monkeypatch):
+    # One clock for both paths: a sample's refusal for being ahead of it says by how much.
+    now = time.time()
+    monkeypatch.setattr(validation, "clock", lambda: now)
     f = Fronts()
     yield f
     f.close()
@@ -316,3 +322,78 @@ def test_the_statement_reads_what_json_dumps_wrote(value):
     except ValueError:
         return
     assert json.loads(samples_json([value])) == expected
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ahead=st.floats(min_value=-60.0, max_value=3600.0), which=st.integers(0, 2))
+def test_a_sample_from_the_future_is_refused_naming_it_and_its_skew(
+    fronts, make_job, make_host, sample, ahead, which
+):
+    """A trainer host's clock ahead of the control plane's by more than INTUNE_MAX_CLOCK_SKEW_S:
+    before, its samples were stored, and stayed the host's newest until the clock caught up."""
+    job = make_job()
+    twins = (job, (make_host(job), make_host(job)))
+    body = batch(job, sample, seqs=(1, 2, 3))
+    body["samples"][which]["ts"] = validation.clock() + ahead
+    bound = validation.max_clock_skew_s()
+    status, _, answer = assert_same(fronts, twins, body)
+    if ahead <= bound:
+        assert status == 200 and json.loads(answer)["stored"] == 3
+    else:
+        detail = json.loads(answer)["detail"]
+        assert status == 400 and detail.startswith(f"samples[{which}].ts: "), detail
+        said = re.search(r"it is (\d+) s ahead of it; at most (\S+) s is taken", detail)
+        assert said and abs(int(said[1]) - ahead) <= 1 and float(said[2]) == bound, detail
+        assert stored(twins[1][0][0]) == [] and stored(twins[1][1][0]) == []
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        (b'{"samples": ', b'{"samples": [], "samples": '),
+        (b'"seq": 1, ', b'"seq": 1, "seq": 2, '),
+        (b'"busy_fraction": 0.5', b'"busy_fraction": 0.5, "busy_fraction": 0.9'),
+        (b'"device": "cpu"', b'"device": "cpu", "device": "cpu"'),
+    ],
+)
+def test_a_key_given_twice_is_refused_as_django_refuses_it(fronts, twins, sample, old, new):
+    """orjson keeps a repeated key's last value: the lean path hands such a body to Django,
+    whose parser refuses it (webapp/parsers.py, unique_keys)."""
+    job, _ = twins
+    body = json.dumps(batch(job, sample, seqs=(1,))).encode()
+    assert old in body
+    status, _, answer = assert_same(fronts, twins, body.replace(old, new, 1))
+    assert status == 400 and "appears twice in one object" in json.loads(answer)["detail"]
+    assert stored(twins[1][0][0]) == [] and stored(twins[1][1][0]) == []
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    field=st.sampled_from(
+        [
+            "items_per_s",
+            "in_queue",
+            "out_queue",
+            "queue_capacity",
+            "cpu_percent",
+            "runqueue_percent",
+            "rss_mb",
+        ]
+    ),
+    value=st.floats(min_value=1e12 + 1, max_value=1.7976931348623157e308),
+)
+def test_a_stage_figure_past_its_bound_is_refused_as_django_refuses_it(
+    fronts, make_job, make_host, sample, field, value
+):
+    """A stage's 1.7e308 items/s was stored: the sums the host's detail reads overflowed (500)."""
+    job = make_job()
+    twins = (job, (make_host(job), make_host(job)))
+    body = batch(job, sample, seqs=(1,))
+    body["samples"][0]["stages"][1][field] = value
+    status, _, answer = assert_same(fronts, twins, body)
+    assert status == 400
+    assert json.loads(answer)["detail"].startswith(f"samples[0].stages[1].{field}: must be at most")

@@ -1,9 +1,12 @@
 """A person's override: validated, published, pauses the policy until released or expired."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from webapp.jobs.models import Allocation, AuditEntry
 from webapp.tuning.models import Override
@@ -120,3 +123,53 @@ def test_an_expiry_in_the_past_is_refused(api, operator, job_and_host):
     )
     assert response.status_code == 400
     assert "future" in response.json()["detail"]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    when=st.datetimes(min_value=datetime(2100, 1, 1), max_value=datetime(9998, 12, 31)),
+    offset_minutes=st.one_of(st.none(), st.integers(min_value=-14 * 60, max_value=14 * 60)),
+    separator=st.sampled_from(["T", " "]),
+)
+def test_an_expiry_without_a_utc_offset_is_refused_naming_the_field_and_one_with_it_is_kept(
+    api, operator, job_and_host, when, offset_minutes, separator
+):
+    """A naive time was read as UTC without a word (DRF under USE_TZ): an operator typing
+    local time got an override that ended hours off. It is ambiguous: a 400 naming the field."""
+    job, host, _ = job_and_host
+    text = when.isoformat(sep=separator)
+    if offset_minutes is not None:
+        text = when.replace(tzinfo=dt_timezone(timedelta(minutes=offset_minutes))).isoformat(
+            sep=separator
+        )
+    versions = Allocation.objects.filter(host=host).count()
+    response = api.as_user(operator).put(
+        override_url(host),
+        {"workers": {s: 1 for s in job.stage_names}, "reason": "x", "expires_at": text},
+        format="json",
+    )
+    if offset_minutes is None:
+        assert response.status_code == 400, response.content
+        detail = response.json()["detail"]
+        assert detail.startswith("expires_at: ") and "no UTC offset" in detail, detail
+        assert Allocation.objects.filter(host=host).count() == versions
+        assert not Override.objects.filter(ended_at__isnull=True).exists()
+    else:
+        assert response.status_code == 200, response.content
+        kept = Override.objects.get(host=host, ended_at__isnull=True).expires_at
+        assert kept == datetime.fromisoformat(text)
+        Override.objects.filter(host=host).update(ended_at=timezone.now())
+
+
+@pytest.mark.parametrize("expires_at", [1_900_000_000, True, ["2100-01-01T00:00:00Z"], {}])
+def test_an_expiry_that_is_not_a_string_is_refused(api, operator, job_and_host, expires_at):
+    job, host, _ = job_and_host
+    response = api.as_user(operator).put(
+        override_url(host),
+        {"workers": {s: 1 for s in job.stage_names}, "reason": "x", "expires_at": expires_at},
+        format="json",
+    )
+    assert response.status_code == 400 and response.json()["detail"].startswith("expires_at: ")
+    assert not Override.objects.exists()

@@ -86,3 +86,18 @@ def test_a_typo_in_a_security_setting_stops_manage_py_at_start(tmp_path):
 def test_a_boolean_default_written_as_a_string_is_a_programming_error():
     with pytest.raises(TypeError, match="the default must be True or False"):
         envbool("INTUNE_TEST_FLAG", "False")
+
+
+def test_a_negative_clock_skew_stops_manage_py_at_start(tmp_path):
+    """INTUNE_MAX_CLOCK_SKEW_S below 0 would refuse every sample of every agent."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "INTUNE_"))}
+    env |= {
+        "DJANGO_SETTINGS_MODULE": "webapp.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'skew.sqlite3'}",
+        "INTUNE_VAR_DIR": str(tmp_path),
+        "INTUNE_MAX_CLOCK_SKEW_S": "-5",
+    }
+    result = subprocess.run([sys.executable, "manage.py", "check"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    assert "INTUNE_MAX_CLOCK_SKEW_S=-5 would refuse every sample" in result.stderr

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from webapp.ingestion.services import budget_summary
 from webapp.jobs.api.serializers import AllocationSerializer, active_override_data
 from webapp.jobs.models import Host, Job
+from webapp.query_parameters import KnownQueryParameters
 
 from . import queries
 from .alerts import Thresholds, host_alerts
@@ -45,7 +46,7 @@ def _since(request) -> float | None:
     return since
 
 
-class JobsSummaryView(APIView):
+class JobsSummaryView(KnownQueryParameters, APIView):
     """Every job with hosts by state, current throughput and idle time, tuning state and a
     15-minute sparkline: the home page's table."""
 
@@ -56,7 +57,7 @@ class JobsSummaryView(APIView):
         return Response({"now": time.time(), "jobs": queries.jobs_summary()})
 
 
-class AlertsView(APIView):
+class AlertsView(KnownQueryParameters, APIView):
     """The alerts in force, for every host or (``job_id`` in the URL) one job's hosts."""
 
     permission_classes = [IsAuthenticated]
@@ -73,7 +74,7 @@ class AlertsView(APIView):
         )
 
 
-class JobHostsSummaryView(APIView):
+class JobHostsSummaryView(KnownQueryParameters, APIView):
     """The job's hosts for the job page's host table: state, current figures, allocation
     versions published and applied, whether an override holds."""
 
@@ -104,10 +105,11 @@ class JobHostsSummaryView(APIView):
         )
 
 
-class HostAllocationsView(APIView):
+class HostAllocationsView(KnownQueryParameters, APIView):
     """The host's allocation history (oldest first) from the one in force at ``since``."""
 
     permission_classes = [IsAuthenticated]
+    query_parameters = {"get": frozenset({"since"})}
 
     @extend_schema(
         parameters=[
@@ -126,7 +128,7 @@ class HostAllocationsView(APIView):
         )
 
 
-class HostOverviewView(APIView):
+class HostOverviewView(KnownQueryParameters, APIView):
     """What the host panel shows above its charts: state, allocation in force and applied,
     active override, limits for the override form, current figures and the twin's estimate."""
 

@@ -8,7 +8,9 @@ from webapp.jobs.models import Host
 class HostSample(models.Model):
     """A host's measurements at one instant (or, rolled up, averaged over ``resolution_s``)."""
 
-    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="samples")
+    # No index of its own: hostsample_host_ts and unique_sample_seq_per_host both begin with it
+    # (an index fewer to maintain for every sample a fleet stores).
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="samples", db_index=False)
     # The agent's sequence number: unique per host so that a resent sample is stored once.
     # Rolled-up samples take the sequence number of the first raw sample they replace.
     seq = models.BigIntegerField()
@@ -44,8 +46,20 @@ class StageSample(models.Model):
     stages reads one index range instead of joining every sample.
     """
 
-    sample = models.ForeignKey(HostSample, on_delete=models.CASCADE, related_name="stages")
-    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="+")
+    # Neither has an index of its own: stagesample_sample_stage and stagesample_host_ts begin
+    # with them. ``host`` has no constraint in the database either: it is the sample's host,
+    # written with the sample by every writer (inserts.BatchInsertPostgres, the generic path,
+    # rollup.py), and the sample's own constraint (to its host) already holds the host in
+    # place, so a stage row's host exists while its sample does. Checked for each of a batch's
+    # 40 stage rows at its commit, that constraint cost PostgreSQL a fifth of its CPU for the
+    # batch (docs/benchmarks.md, "Group commit and lighter stage rows"). Deleting a host still
+    # deletes its stage rows (Django's CASCADE, and through their samples).
+    sample = models.ForeignKey(
+        HostSample, on_delete=models.CASCADE, related_name="stages", db_index=False
+    )
+    host = models.ForeignKey(
+        Host, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
     ts = models.FloatField()
     stage = models.CharField(max_length=64)
     workers = models.PositiveIntegerField()

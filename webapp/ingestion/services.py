@@ -126,26 +126,62 @@ def store_usual_batch(host: Host, batch: dict) -> dict | None:
     COMMIT round trips around the statement were a fifth of the web process's CPU to store one
     (0.97 against 0.76 ms a batch of 5 samples x 8 stages, in process, PostgreSQL, load 14 on
     2 cores; benchmarks/burst_cpu.py has the whole request)."""
-    samples = batch["samples"]
-    status = batch["allocation_status"]
-    if (
-        connection.vendor != "postgresql"
-        or connection.in_atomic_block
-        or not samples
-        or _status_changes(host, status)
-        or any(s.get("rank_rows") for s in samples)
-    ):
+    if connection.in_atomic_block or not is_usual_batch(host, batch):
         return None
     try:
         _insert_on_postgres(host, batch, whole=True)
     except WholeBatchRefused:
         return None
+    return _stored_usual(host, batch)
+
+
+def is_usual_batch(host: Host, batch: dict) -> bool:
+    """Whether ``store_usual_batch`` (or ``store_usual_batches_together``) may store this
+    validated batch by its one statement: on PostgreSQL, samples, no allocation status to
+    record, no rank rows. (That none of its samples was stored before, the statement finds.)"""
+    samples = batch["samples"]
+    return (
+        connection.vendor == "postgresql"
+        and bool(samples)
+        and not _status_changes(host, batch["allocation_status"])
+        and not any(s.get("rank_rows") for s in samples)
+    )
+
+
+def _stored_usual(host: Host, batch: dict) -> dict:
     _log_dropped(host, batch)
     return {
-        "stored": len(samples),
+        "stored": len(batch["samples"]),
         "duplicates": 0,
         "latest_allocation_version": host.allocation_version,
     }
+
+
+def store_usual_batches_together(batches: list[tuple[Host, dict]]) -> list[dict] | None:
+    """Store usual batches (``is_usual_batch``) of several hosts in ONE transaction, each by its
+    one statement, and commit once: each batch's answer (as ``store_usual_batch``'s), all of
+    them stored and committed when this returns. None, having stored nothing (the transaction
+    rolled back), when any of them is not stored whole (a sample stored before: a resend, a
+    reused sequence number, a copy racing it) or the database refuses one: then each is stored
+    on its own (``store_usual_batch`` or ``store_batch``), which tells those cases apart.
+    Database errors other than that refusal propagate, the transaction rolled back.
+
+    Why: a fleet in step posts hundreds of batches in the same instant; a commit per batch cost
+    PostgreSQL about a quarter of its CPU for them, and the web process a third of its Python
+    to store them (``python -m benchmarks.group_commit_pg``). The web process gathers the
+    batches that arrive together (webapp/agent_asgi.py) and stores them here. Hosts are taken in
+    id order, so that two processes storing overlapping groups lock the host rows in one order."""
+    if connection.in_atomic_block:
+        return None
+    order = sorted(range(len(batches)), key=lambda i: batches[i][0].pk)
+    try:
+        with transaction.atomic():
+            for i in order:
+                host, batch = batches[i]
+                _insert_on_postgres(host, batch, whole=True)
+    except WholeBatchRefused:
+        return None
+    return [_stored_usual(host, batch) for host, batch in batches]
 
 
 @transaction.atomic

@@ -6,12 +6,36 @@ Every error names the exact place in the batch and what was expected.
 """
 
 import math
+import time
 from collections.abc import Mapping
+
+from django.conf import settings
 
 MAX_SEQ = 2**63 - 1
 #: Most local ranks of one host (training processes on its accelerators).
 MAX_RANKS = 1024
 _INF = math.inf
+# Bounds of a stage's figures, far above any real pipeline's and far below a double's range: a
+# stage's 1.7e308 items/s was stored, and the sums over samples that the host's detail and its
+# metrics read (budget, series) overflowed to infinity there: a 500, and a 400 on every read.
+MAX_RATE = 1e12  # items/s, as trainer.throughput
+MAX_QUEUE = 1e9  # items
+MAX_CPU_PERCENT = 1e7  # 100 per CPU of a host of at most 100,000 CPUs (host.cpus)
+MAX_MB = 1e9  # as host.memory_used_mb
+
+
+# The server's clock, in Unix seconds (a test that compares two answers fixes it).
+clock = time.time
+
+
+def max_clock_skew_s() -> float:
+    """How far ahead of the control plane's clock a sample's ``ts`` may be (settings)."""
+    return settings.INTUNE["MAX_CLOCK_SKEW_S"]
+
+
+def latest_sample_ts() -> float:
+    """The latest ``ts`` a batch arriving now may carry: the server's clock plus the skew."""
+    return clock() + max_clock_skew_s()
 
 
 class BatchError(ValueError):
@@ -117,14 +141,14 @@ def validate_stage(raw, where: str, stage_names: set[str]) -> dict:
     return {
         "stage": name,
         "workers": _integer(raw.get("workers"), where, "workers", low=1, high=100_000),
-        "items_per_s": _number(raw.get("items_per_s"), where, "items_per_s"),
+        "items_per_s": _number(raw.get("items_per_s"), where, "items_per_s", high=MAX_RATE),
         "busy_fraction": _number(raw.get("busy_fraction"), where, "busy_fraction", high=1.0),
-        "in_queue": _optional(raw, "in_queue", where) or 0.0,
-        "out_queue": _optional(raw, "out_queue", where) or 0.0,
-        "queue_capacity": _optional(raw, "queue_capacity", where) or 0.0,
-        "cpu_percent": _optional(raw, "cpu_percent", where) or 0.0,
-        "runqueue_percent": _optional(raw, "runqueue_percent", where) or 0.0,
-        "rss_mb": _optional(raw, "rss_mb", where) or 0.0,
+        "in_queue": _optional(raw, "in_queue", where, high=MAX_QUEUE) or 0.0,
+        "out_queue": _optional(raw, "out_queue", where, high=MAX_QUEUE) or 0.0,
+        "queue_capacity": _optional(raw, "queue_capacity", where, high=MAX_QUEUE) or 0.0,
+        "cpu_percent": _optional(raw, "cpu_percent", where, high=MAX_CPU_PERCENT) or 0.0,
+        "runqueue_percent": _optional(raw, "runqueue_percent", where, high=MAX_CPU_PERCENT) or 0.0,
+        "rss_mb": _optional(raw, "rss_mb", where, high=MAX_MB) or 0.0,
     }
 
 
@@ -174,7 +198,24 @@ def validate_ranks(raw: Mapping, host: Mapping, where: str, stage_names: set[str
     return ranks, rows
 
 
-def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
+def future_ts(ts: float, where: str, latest_ts: float | None) -> None:
+    """BatchError when a sample's ``ts`` is later than ``latest_ts`` (the server's clock plus
+    the skew it allows, INTUNE_MAX_CLOCK_SKEW_S), naming the sample and how far ahead it is.
+
+    Refused rather than clamped: a sample from the future would stay the host's newest (the
+    tuner's windows, the dashboard, the offline alert read the newest) until the clock caught
+    up, and one clamped to the server's time would no longer match itself when the agent
+    resends its batch (a ``seq`` stored with another ``ts`` is a 409)."""
+    if latest_ts is not None and ts > latest_ts:
+        skew = max_clock_skew_s()
+        raise BatchError(
+            f"{where}.ts: {ts:.3f} is later than the control plane's clock allows (it is "
+            f"{ts - latest_ts + skew:.0f} s ahead of it; at most {skew:g} s is taken): "
+            "set the trainer host's clock (NTP) and send the sample with its corrected time"
+        )
+
+
+def validate_sample(raw, where: str, stage_names: set[str], latest_ts: float | None = None) -> dict:
     raw = _object(raw, where)
     host = _object(raw.get("host"), where, "host")
     trainer = _object(raw.get("trainer"), where, "trainer")
@@ -206,9 +247,11 @@ def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
     worker_budget = host.get("worker_budget")
     allocation_version = raw.get("allocation_version")
     ranks, rank_rows = validate_ranks(raw, host, where, stage_names)
+    ts = _number(raw.get("ts"), where, "ts", low=0.0, high=1e11)
+    future_ts(ts, where, latest_ts)
     return {
         "seq": _integer(raw.get("seq"), where, "seq"),
-        "ts": _number(raw.get("ts"), where, "ts", low=0.0, high=1e11),
+        "ts": ts,
         "allocation_version": None
         if allocation_version is None
         else _integer(allocation_version, where, "allocation_version", high=2**31 - 1),
@@ -237,8 +280,13 @@ def validate_sample(raw, where: str, stage_names: set[str]) -> dict:
     }
 
 
-def validate_batch(body, stage_names: set[str], max_samples: int) -> dict:
-    """Return the batch in storable form, or raise BatchError saying what is wrong."""
+def validate_batch(
+    body, stage_names: set[str], max_samples: int, latest_ts: float | None = None
+) -> dict:
+    """Return the batch in storable form, or raise BatchError saying what is wrong.
+
+    ``latest_ts``: the latest sample time taken (``latest_sample_ts()`` where a batch arrives;
+    None takes any, as tests and benchmarks that store old batches want)."""
     body = _object(body, "body")
     samples = body.get("samples")
     if not isinstance(samples, list):
@@ -249,7 +297,9 @@ def validate_batch(body, stage_names: set[str], max_samples: int) -> dict:
         raise BatchTooLarge(
             f"samples: at most {max_samples} samples per batch, got {len(samples)}; send smaller batches"
         )
-    clean = [validate_sample(s, f"samples[{i}]", stage_names) for i, s in enumerate(samples)]
+    clean = [
+        validate_sample(s, f"samples[{i}]", stage_names, latest_ts) for i, s in enumerate(samples)
+    ]
     seqs = [s["seq"] for s in clean]
     if len(set(seqs)) != len(seqs):
         raise BatchError("samples: a sequence number appears twice in one batch")

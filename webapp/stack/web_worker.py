@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import httptools
 from django.core.exceptions import ImproperlyConfigured
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
@@ -55,6 +56,10 @@ MAX_PIPELINED = 16
 # Set in a request's scope when its client shut its write side down (or closed) while it was in
 # progress: it is still answered, but a held long-poll answers at once.
 CLIENT_EOF = "intune.client_eof"
+# Set in a request's scope when its target is in absolute form (``POST http://host/path``, as
+# to a proxy): the authority it names, which uvicorn drops (webapp/agent_asgi.py host_refusal
+# holds it against the Host field).
+TARGET_AUTHORITY = "intune.target_authority"
 _WHITESPACE = (b" ", b"\t")
 # An HTTP/2 client that assumes the server speaks it (prior knowledge, RFC 9113 3.3) opens with
 # this preface. It is answered in HTTP/2 (RFC 9113 6.5, 6.8): an empty SETTINGS frame, then
@@ -231,6 +236,14 @@ class BoundedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         if self._refused is None:
+            if not self.url.startswith(b"/"):
+                try:
+                    target = httptools.parse_url(self.url)
+                except httptools.HttpParserInvalidURLError:
+                    target = None
+                if target is not None and target.host:
+                    port = b":%d" % target.port if target.port else b""
+                    self.scope[TARGET_AUTHORITY] = target.host + port
             super().on_headers_complete()  # only then does the request reach the application
             self._message_cycle = self.cycle
             if self.pipeline and len(self.pipeline) < self.max_pipelined:

@@ -12,7 +12,8 @@ lookup ``webapp.permissions.host_by_token_hash``, ``webapp.ingestion.validation`
 what Django would: the same body, status and headers. The usual batch (none of it stored before,
 no allocation status to record) is stored by ``services.store_usual_batch``: the same rows, in
 one statement that is its own transaction. Anything else it hands back (returns None)
-for Django's view to answer: a missing or wrong token, another host's token, an invalid batch,
+for Django's view to answer: a missing or wrong token, another host's token, an invalid batch
+(a key given twice among it, or escapes that leave that unsure: ``keys_may_repeat``),
 a body too large, an unusual Content-Type or Accept, a rate limit reached, a sequence number
 reused, a value the database refuses. Those answers are then Django's own, the ones
 docs/agent-protocol.md documents, by construction; nothing was stored by the attempt here (the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import orjson
@@ -38,10 +40,16 @@ from django.middleware.security import SecurityMiddleware
 
 from webapp.database_guard import RETRY_AFTER_S, unavailable_detail, waited_out_a_lock
 from webapp.ingestion import services
-from webapp.ingestion.validation import BatchError, unpublished_version, validate_batch
+from webapp.ingestion.validation import (
+    BatchError,
+    latest_sample_ts,
+    unpublished_version,
+    validate_batch,
+)
 from webapp.jobs.models import hash_agent_token
 from webapp.lean_requests import LeanAgentRequest
 from webapp.metrics.instruments import observe_batch
+from webapp.parsers import keys_may_repeat
 from webapp.permissions import host_by_token_hash
 from webapp.throttles import AgentRateThrottle
 
@@ -73,6 +81,16 @@ VIEW_HEADERS = [
 ]
 
 
+@dataclass(slots=True)
+class Admitted:
+    """A batch that passed everything but its storing (``LeanBatchPost.admit``)."""
+
+    host: object
+    batch: dict
+    secure: bool
+    started: float
+
+
 class Fallback(Exception):
     """Not the usual case: Django's view answers this request."""
 
@@ -93,6 +111,18 @@ class LeanBatchPost(LeanAgentRequest):
 
         ``headers`` are the request's, names in lower case, each given once (a header repeated
         goes to Django)."""
+        admitted = self.admit(host_id, scheme, headers, query, body)
+        if not isinstance(admitted, Admitted):
+            return admitted
+        return self.store_alone(admitted)
+
+    def admit(
+        self, host_id: int, scheme: str, headers: dict[bytes, bytes], query: bytes, body: bytes
+    ) -> Admitted | tuple[int, list[tuple[str, str]], bytes] | None:
+        """Everything before storing: the request's form, its token looked up, the batch
+        validated, the rate limit counted. ``Admitted`` when the batch is to be stored (by
+        ``store_alone``, or with others by ``store_together``); else the answer, or None when
+        Django must answer. Nothing is stored here."""
         started = time.perf_counter()
         secure = self._is_secure(scheme, headers)
         if (
@@ -115,21 +145,22 @@ class LeanBatchPost(LeanAgentRequest):
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
             return None
+        if keys_may_repeat(body, orjson.dumps(data)):
+            return None  # orjson kept one value of a repeated key: Django's parser refuses it
         # This thread keeps its database connection from one batch to the next (Django's
         # handler gives it back to the pool after every request, and the pool checks it with a
         # round trip of its own before lending it again). A kept connection that fails (the
-        # database restarted) goes back to the pool, which replaces it, and the batch is tried
-        # once more on a checked one: the failed attempt's transaction rolled back.
+        # database restarted) goes back to the pool, which replaces it, and the lookup is tried
+        # once more on a checked one.
         kept = connection.connection is not None
         for attempt in (1, 2):
             try:
-                result = self._store(host_id, token, data)
-                break
+                return Admitted(*self._admit(host_id, token, data), secure, started)
             except Fallback:
                 return None
             except (IntegrityError, DataError, OverflowError):
                 connection.close()
-                return None  # rolled back; Django's view answers 409 or 400 in its own words
+                return None
             except DatabaseError as exc:
                 connection.close()
                 # A lock waited out is not a dead kept connection: trying again would wait
@@ -137,17 +168,63 @@ class LeanBatchPost(LeanAgentRequest):
                 if attempt == 1 and kept and not waited_out_a_lock(exc):
                     continue
                 return self._unavailable(exc, secure)
-        content = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
-        observe_batch(200, result["stored"], time.perf_counter() - started)
-        return 200, self._headers(content, secure), content
+        raise AssertionError("unreachable")
 
-    def _store(self, host_id: int, token: str, data) -> dict:
+    def store_alone(self, admitted: Admitted) -> tuple[int, list[tuple[str, str]], bytes] | None:
+        """Store an admitted batch in its own statement (or transaction); its answer, or None
+        when Django must answer (a sequence number reused, a value the database refuses)."""
+        host, batch = admitted.host, admitted.batch
+        kept = connection.connection is not None
+        for attempt in (1, 2):
+            try:
+                result = services.store_usual_batch(host, batch) or services.store_batch(
+                    host, batch
+                )
+                break
+            except services.SequenceConflict:
+                return None
+            except (IntegrityError, DataError, OverflowError):
+                connection.close()
+                return None  # rolled back; Django's view answers 409 or 400 in its own words
+            except DatabaseError as exc:
+                connection.close()
+                if attempt == 1 and kept and not waited_out_a_lock(exc):
+                    continue
+                return self._unavailable(exc, admitted.secure)
+        return self.answer(admitted, result)
+
+    def store_together(self, admitted: list[Admitted]) -> list | None:
+        """Store admitted batches of several agents in ONE transaction
+        (``services.store_usual_batches_together``): each one's answer, every batch committed
+        before this returns; or None, nothing stored, when they must be stored each alone
+        (``store_alone``: one is not the usual batch, a sample was stored before, the database
+        refused one or went away)."""
+        if not all(services.is_usual_batch(a.host, a.batch) for a in admitted):
+            return None
+        try:
+            results = services.store_usual_batches_together([(a.host, a.batch) for a in admitted])
+        except (DatabaseError, OverflowError):
+            connection.close()  # rolled back; each is tried alone, on a checked connection
+            return None
+        if results is None:
+            return None
+        return [self.answer(a, result) for a, result in zip(admitted, results, strict=True)]
+
+    def answer(self, admitted: Admitted, result: dict) -> tuple[int, list[tuple[str, str]], bytes]:
+        content = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
+        observe_batch(200, result["stored"], time.perf_counter() - admitted.started)
+        return 200, self._headers(content, admitted.secure), content
+
+    def _admit(self, host_id: int, token: str, data):
         host = host_by_token_hash(hash_agent_token(token), agent_fields=True)
         if host is None or not host.token_matches(token) or host.pk != host_id:
             raise Fallback
         try:
             batch = validate_batch(
-                data, services.stage_names_of(host.job), settings.INTUNE["MAX_SAMPLES_PER_BATCH"]
+                data,
+                services.stage_names_of(host.job),
+                settings.INTUNE["MAX_SAMPLES_PER_BATCH"],
+                latest_sample_ts(),
             )
         except BatchError:
             raise Fallback from None
@@ -156,10 +233,7 @@ class LeanBatchPost(LeanAgentRequest):
         # Last, so that a request Django answers is counted once (DRF counts it there).
         if not AgentRateThrottle().allow_request(SimpleNamespace(auth=host), None):
             raise Fallback
-        try:
-            return services.store_usual_batch(host, batch) or services.store_batch(host, batch)
-        except services.SequenceConflict:
-            raise Fallback from None
+        return host, batch
 
     def _unavailable(self, exc: DatabaseError, secure: bool) -> tuple[int, list, bytes]:
         """The database is away: 503 with Retry-After, as webapp/api_errors.py answers (not

@@ -11,7 +11,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
-from webapp.ingestion.validation import MAX_SEQ
+from webapp.ingestion.validation import MAX_CPU_PERCENT, MAX_MB, MAX_QUEUE, MAX_RATE, MAX_SEQ
 from webapp.jobs.api.serializers import MAX_STAGES
 from webapp.jobs.names import STAGE_NAME
 
@@ -40,19 +40,19 @@ STAGE_SAMPLE = {
     "properties": {
         "name": {"type": "string", "pattern": STAGE_NAME, "description": "one of the job's stages"},
         "workers": _integer(1, 100_000),
-        "items_per_s": _number(),
+        "items_per_s": _number(0.0, MAX_RATE),
         "busy_fraction": _number(0.0, 1.0),
-        "in_queue": _number(nullable=True),
-        "out_queue": _number(nullable=True),
-        "queue_capacity": _number(nullable=True),
-        "cpu_percent": _number(nullable=True),
-        "runqueue_percent": _number(nullable=True)
+        "in_queue": _number(0.0, MAX_QUEUE, nullable=True),
+        "out_queue": _number(0.0, MAX_QUEUE, nullable=True),
+        "queue_capacity": _number(0.0, MAX_QUEUE, nullable=True),
+        "cpu_percent": _number(0.0, MAX_CPU_PERCENT, nullable=True),
+        "runqueue_percent": _number(0.0, MAX_CPU_PERCENT, nullable=True)
         | {
             "description": "time the stage's workers were runnable but waiting for a CPU, "
             "summed over its workers (100 = one worker the whole time); 0 or absent: not "
             "measured"
         },
-        "rss_mb": _number(nullable=True),
+        "rss_mb": _number(0.0, MAX_MB, nullable=True),
     },
     "required": ["name", "workers", "items_per_s", "busy_fraction"],
 }
@@ -62,7 +62,11 @@ SAMPLE = {
     "description": "one sample of the host, its stages and its trainer",
     "properties": {
         "seq": _integer(0, MAX_SEQ),
-        "ts": _number(0.0, 1e11),
+        "ts": _number(0.0, 1e11)
+        | {
+            "description": "Unix seconds; at most INTUNE_MAX_CLOCK_SKEW_S (300 s) ahead of the "
+            "control plane's clock, else the batch is refused naming the sample"
+        },
         "allocation_version": _integer(0, MAX_VERSION, nullable=True),
         "host": {
             "type": "object",

@@ -12,11 +12,17 @@ from rest_framework.views import APIView
 
 from webapp.ingestion import services
 from webapp.ingestion.api.schema import metrics_batch_serializer
-from webapp.ingestion.validation import BatchError, unpublished_version, validate_batch
+from webapp.ingestion.validation import (
+    BatchError,
+    latest_sample_ts,
+    unpublished_version,
+    validate_batch,
+)
 from webapp.jobs.models import Host
 from webapp.metrics.instruments import observe_batch
 from webapp.negotiation import AGENT_RENDERERS, JSONWhateverAccept
 from webapp.permissions import AgentTokenAuthentication, IsHostAgent
+from webapp.query_parameters import KnownQueryParameters
 from webapp.throttles import AgentRateThrottle
 
 
@@ -33,12 +39,14 @@ def _query_float(request, name: str, default: float | None) -> float | None:
     return value
 
 
-class HostMetricsView(APIView):
+class HostMetricsView(KnownQueryParameters, APIView):
     """POST: an agent's batch of samples (agent token; idempotent by sequence number; all or
     nothing). GET: the host's series, downsampled on the server (people)."""
 
     renderer_classes = AGENT_RENDERERS
     content_negotiation_class = JSONWhateverAccept
+    # A batch takes none: ``?x=1`` on one was stored without a word.
+    query_parameters = {"get": frozenset({"since", "until", "step"})}
 
     def get_authenticators(self):
         if self.request is not None and self.request.method == "POST":
@@ -77,7 +85,10 @@ class HostMetricsView(APIView):
         stage_names = services.stage_names_of(host.job)
         try:
             batch = validate_batch(
-                request.data, stage_names, settings.INTUNE["MAX_SAMPLES_PER_BATCH"]
+                request.data,
+                stage_names,
+                settings.INTUNE["MAX_SAMPLES_PER_BATCH"],
+                latest_sample_ts(),
             )
         except BatchError as exc:
             return Response({"detail": str(exc)}, status=exc.status)

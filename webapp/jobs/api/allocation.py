@@ -157,13 +157,21 @@ def after_and_wait(query: bytes) -> tuple[int, float] | None:
     return after, wait
 
 
+# What ``render_newer_allocation`` returns for a host that no longer exists (its job deleted):
+# the held poll answers 204 at once, and the agent's next request is a 401.
+HOST_GONE = b""
+
+
 def render_newer_allocation(host_id: int, after: int) -> bytes | None:
     """The JSON body a long-poll answers with when the host has a version newer than ``after``
-    (as the view renders it), else None. For webapp/agent_asgi.py, in its thread pool."""
+    (as the view renders it), ``HOST_GONE`` when the host was deleted, else None. For
+    webapp/agent_asgi.py, in its thread pool."""
     close_old_connections()
     try:
         host = Host.objects.filter(pk=host_id).first()
-        if host is None or host.allocation_version <= after:
+        if host is None:
+            return HOST_GONE
+        if host.allocation_version <= after:
             return None
         return JSONRenderer().render(AllocationSerializer(latest_allocation(host)).data)
     finally:

@@ -27,14 +27,20 @@ from webapp.strict_fields import (
 # The largest primary key the database holds (a 64-bit integer); a bigger id is a 400, not a 500.
 MAX_ID = 2**63 - 1
 MAX_STAGES = 16  # what the tuner handles
+MAX_TEXT = 10_000
 STAGES_MESSAGE = f"a pipeline has between 1 and {MAX_STAGES} stages (what the tuner handles)"
 
 
 # drf-spectacular writes a blank-allowed field with a pattern as oneOf [pattern, empty string]:
 # the pattern must not match the empty string too, or "" would match both (oneOf fails).
-@extend_schema_field({"type": "string", "pattern": NON_EMPTY_TEXT})
+@extend_schema_field({"type": "string", "pattern": NON_EMPTY_TEXT, "maxLength": MAX_TEXT})
 class TextWithoutNul(StrictCharField):
-    """Text, blank allowed, without NUL (DRF's CharField refuses NUL; the schema says so too)."""
+    """Text, blank allowed, without NUL (DRF's CharField refuses NUL; the schema says so too),
+    of at most MAX_TEXT characters (a job's description took a whole 1 MiB body, and every
+    answer listing jobs carried it)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=MAX_TEXT, **kwargs)
 
 
 class StageSerializer(StrictModelSerializer):

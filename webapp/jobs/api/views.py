@@ -14,9 +14,11 @@ from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from webapp import pubsub
 from webapp.jobs import services
 from webapp.jobs.models import AuditEntry, Host, Job
 from webapp.permissions import IsOperatorOrReadOnly
+from webapp.query_parameters import KnownQueryParameters
 from webapp.snapshot import snapshot
 from webapp.throttles import LoginRateThrottle
 
@@ -29,7 +31,7 @@ from .serializers import (
 )
 
 
-class TokenView(APIView):
+class TokenView(KnownQueryParameters, APIView):
     """Exchange a username and password for an API token (POST), or revoke yours (DELETE)."""
 
     permission_classes = [AllowAny]
@@ -53,6 +55,11 @@ class TokenView(APIView):
             or not password
         ):
             raise ValidationError({"detail": "give a username and a password"})
+        unknown = sorted(set(request.data) - {"username", "password"})
+        if unknown:  # as every other body of the people's API (strict_fields.KnownFieldsOnly)
+            raise ValidationError(
+                {key[:64]: ["unknown field; this takes password, username"] for key in unknown[:5]}
+            )
         user = authenticate(request, username=username, password=password)
         if user is None:
             return Response(
@@ -69,7 +76,7 @@ class TokenView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class JobViewSet(viewsets.ModelViewSet):
+class JobViewSet(KnownQueryParameters, viewsets.ModelViewSet):
     """Register and manage training jobs: their pipeline stages and tuning settings."""
 
     serializer_class = JobSerializer
@@ -123,8 +130,13 @@ class JobViewSet(viewsets.ModelViewSet):
         for attempt in range(3):
             try:
                 with transaction.atomic():
+                    hosts = list(instance.hosts.values_list("pk", flat=True))
                     instance.delete()
                     connection.check_constraints()
+                    # Their agents' held long-polls answer now, not at the end of their wait.
+                    transaction.on_commit(
+                        lambda hosts=hosts: [pubsub.publish_host_gone(h) for h in hosts]
+                    )
                 return
             except IntegrityError:
                 instance = Job.objects.filter(pk=job_id).first()
@@ -134,7 +146,7 @@ class JobViewSet(viewsets.ModelViewSet):
                     raise
 
 
-class JobHostsView(generics.ListCreateAPIView):
+class JobHostsView(KnownQueryParameters, generics.ListCreateAPIView):
     """List a job's hosts with their state, or register one (its agent token is shown once)."""
 
     permission_classes = [IsOperatorOrReadOnly]
@@ -172,7 +184,7 @@ class JobHostsView(generics.ListCreateAPIView):
         return Response(HostRegisteredSerializer(host).data, status=status.HTTP_201_CREATED)
 
 
-class HostDetailView(generics.RetrieveAPIView):
+class HostDetailView(KnownQueryParameters, generics.RetrieveAPIView):
     """One host, with its state, allocation in force and override."""
 
     permission_classes = [IsAuthenticated]
@@ -202,8 +214,10 @@ def id_parameter(name: str, description: str) -> OpenApiParameter:
         ]
     )
 )
-class AuditView(generics.ListAPIView):
+class AuditView(KnownQueryParameters, generics.ListAPIView):
     """Every change people made, newest first; filter with ?job= or ?host=."""
+
+    query_parameters = {"get": frozenset({"job", "host"})}
 
     permission_classes = [IsAuthenticated]
     serializer_class = AuditEntrySerializer

@@ -6,7 +6,9 @@ from webapp.jobs.api.serializers import MAX_ID, MAX_STAGES
 from webapp.jobs.names import NOT_BLANK_TEXT
 from webapp.strict_fields import (
     FullMatch,
+    KnownFieldsOnly,
     StrictCharField,
+    StrictDateTimeField,
     StrictIntegerField,
     StrictModelSerializer,
 )
@@ -35,7 +37,7 @@ class TuningSessionSerializer(serializers.ModelSerializer):
         }
 
 
-class TuningStartSerializer(serializers.Serializer):
+class TuningStartSerializer(KnownFieldsOnly, serializers.Serializer):
     tuner = serializers.ChoiceField(
         choices=tuner_lib.TUNER_NAMES,
         required=False,
@@ -93,7 +95,7 @@ class OverrideSerializer(StrictModelSerializer):
         max_length=2000,
         validators=[FullMatch(NOT_BLANK_TEXT, "say why you override the policy")],
     )
-    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    expires_at = StrictDateTimeField(required=False, allow_null=True)
     created_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )

@@ -10,6 +10,7 @@ from webapp.jobs.api.serializers import MAX_ID
 from webapp.jobs.api.views import id_parameter
 from webapp.jobs.models import Host, Job
 from webapp.permissions import IsOperatorOrReadOnly
+from webapp.query_parameters import KnownQueryParameters
 from webapp.tuning import services
 from webapp.tuning.models import Decision
 
@@ -21,7 +22,7 @@ from .serializers import (
 )
 
 
-class JobTuningView(APIView):
+class JobTuningView(KnownQueryParameters, APIView):
     """GET the job's tuning sessions with progress; POST starts tuning on its hosts; DELETE stops it."""
 
     permission_classes = [IsOperatorOrReadOnly]
@@ -74,11 +75,12 @@ class JobTuningView(APIView):
 @extend_schema_view(
     get=extend_schema(parameters=[id_parameter("session", "only this tuning session's decisions")])
 )
-class HostDecisionsView(generics.ListAPIView):
+class HostDecisionsView(KnownQueryParameters, generics.ListAPIView):
     """The policy's decisions on a host, newest first, paginated; ?session= filters."""
 
     permission_classes = [IsAuthenticated]
     serializer_class = DecisionSerializer
+    query_parameters = {"get": frozenset({"session"})}
 
     def get_queryset(self):
         host = get_object_or_404(Host, pk=self.kwargs["host_id"])
@@ -95,7 +97,7 @@ class HostDecisionsView(generics.ListAPIView):
         return decisions
 
 
-class HostOverrideView(APIView):
+class HostOverrideView(KnownQueryParameters, APIView):
     """PUT a person's allocation for the host (pauses the policy there until it expires or is
     released); GET the active override; DELETE hands the host back to the policy."""
 
