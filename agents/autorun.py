@@ -45,6 +45,7 @@ log = logging.getLogger("agents.autorun")
 ENV = "INTUNE_AUTO"  # "1": patch torch in this process (set by intune-run)
 LOADER_ENV = "INTUNE_AUTO_LOADER"  # "largest" (default) or N, the N-th loader built
 LOG_LEVEL_ENV = "INTUNE_AUTO_LOG_LEVEL"
+STATEFUL_ENV = "INTUNE_AUTO_STATEFUL"  # "1": tune torchdata's StatefulDataLoader (--tune-stateful)
 SITE_DIR = Path(__file__).resolve().parent / "autorun_site"
 
 
@@ -75,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--loader", default=os.environ.get(LOADER_ENV, "largest"),
         help="which loader of each process to tune: 'largest' (most batches among those built "
         "when the first iteration starts; default) or N, the N-th built (0 first)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tune-stateful", action="store_true",
+        default=os.environ.get(STATEFUL_ENV) == "1",
+        help="also tune torchdata's StatefulDataLoader over a map-style dataset (built as "
+        "agents.torch.StatefulDataLoader: torchdata's batches and resumes, but its state_dict() "
+        "in agents.torch's own format, which torchdata's loader does not read, nor ours "
+        "torchdata's); without it such a loader stays torchdata's, untuned",
     )  # fmt: skip
     p.add_argument("--log-level", default="INFO", help="the agent's log level in the command")
     p.add_argument(
@@ -121,6 +130,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from agents.logs import configure_logging
 
     configure_logging(args.log_level)
+    if args.tune_stateful:
+        os.environ[STATEFUL_ENV] = "1"
     env = dict(os.environ)
     try:
         state, _ = resolve_identity(args)
@@ -128,7 +139,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         parser.exit(2, f"intune-run: {exc}\n")
     except ControlPlaneError as exc:
         # Tuning never stops training: a fleet's jobs start while the control plane is away.
-        log.warning("could not register this host (%s); running %s untuned", exc, command[0])
+        log.warning("could not register this host (%s); running %s untuned", str(exc), command[0])
     else:
         env = command_environment(
             state.url, state.host_id, state.agent_token, args.loader, args.log_level

@@ -326,7 +326,7 @@ class Agent:
             try:
                 sample = self.take_sample()
             except NothingToSample as exc:
-                log.debug("no sample this interval: %s", exc)
+                log.debug("no sample this interval: %s", str(exc))
             except Exception:
                 # A pipeline that cannot report this second must not end reporting for good.
                 log.exception("could not take a sample; trying again in %.1f s", interval)
@@ -508,7 +508,7 @@ class Agent:
         try:
             self.flush()
         except Exception as exc:
-            log.warning("final flush failed, %d samples not sent: %s", len(self.buffer), exc)
+            log.warning("final flush failed, %d samples not sent: %s", len(self.buffer), str(exc))
 
     # -- allocations ------------------------------------------------------------------------
 
@@ -641,10 +641,10 @@ class Agent:
                     # A control plane may hold polls for less than asked (its own setting):
                     # ask for less rather than stop hearing about allocations.
                     wait_s = max(1.0, wait_s / 2)
-                    log.warning("%s; asking to hold polls %.0f s instead", exc, wait_s)
+                    log.warning("%s; asking to hold polls %.0f s instead", str(exc), wait_s)
                     continue
                 if not self._stop.is_set():
-                    log.error("%s; polling again in %.0f s", exc, self.config.backoff_max_s)
+                    log.error("%s; polling again in %.0f s", str(exc), self.config.backoff_max_s)
                     self._stop.wait(self.config.backoff_max_s)
                 continue
             except Exception:

@@ -76,7 +76,7 @@ def job_stages_problem(
         allocation = client.poll_allocation(after=0, wait_s=0)
     except ControlPlaneError as exc:
         if exc.retryable:
-            log.warning("could not read the job's stages now (%s); starting anyway", exc)
+            log.warning("could not read the job's stages now (%s); starting anyway", str(exc))
             return None
         return f"the control plane refused this agent: {exc}"
     finally:

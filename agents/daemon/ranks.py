@@ -670,7 +670,7 @@ class HostPipelines:
         try:
             r.lines.send(message)
         except OSError as exc:
-            log.info("rank %d is gone (%s)", r.rank, exc)
+            log.info("rank %d is gone (%s)", r.rank, str(exc))
             self._drop(r)
 
     def _drop(self, r: _Rank) -> None:
@@ -778,7 +778,7 @@ class HostPipelines:
                 self._resend_share(r)
         except (OSError, ValueError, TypeError, KeyError, ConnectionError) as exc:
             if not self._stop.is_set():
-                log.info("rank connection ended: %s", exc)
+                log.info("rank connection ended: %s", str(exc))
         finally:
             if r is not None:
                 if not self._stop.is_set():
@@ -1078,7 +1078,7 @@ class RankLink:
                     log.warning(
                         "rank %d lost the host agent (%s); keeping allocation %s, reconnecting",
                         self.rank,
-                        exc,
+                        str(exc),
                         self.pipeline.allocation,
                     )
             finally:
@@ -1137,7 +1137,9 @@ class RankLink:
             self.pipeline.apply(dict(message["workers"]))
         except Exception as exc:  # the pipeline's own checks, or a failure to resize
             self.refused_total += 1
-            log.warning("rank %d refused allocation %s: %s", self.rank, message["workers"], exc)
+            log.warning(
+                "rank %d refused allocation %s: %s", self.rank, message["workers"], str(exc)
+            )
             lines.send({"type": "refused", "generation": generation, "reason": str(exc)})
             return
         self.applied_total += 1

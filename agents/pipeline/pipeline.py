@@ -442,7 +442,7 @@ class Pipeline:
                         else ""
                     )
                 )
-                log.error("%s", self._failed)
+                log.error("%s", str(self._failed))
                 zygote.close()
                 self._ready.wake()
                 return False

@@ -57,6 +57,12 @@ _READ_CHUNK = 1 << 20
 
 # Items a process worker holds at once: the one it works on and the next, already in its pipe.
 DEPTH = 2
+# How long a worker's start waits for the launcher's answer, holding the pipeline's lock (as
+# apply() and the monitor do), when no earlier request is still unanswered; past it, the start
+# is finished by the monitor once the answer comes. A launcher stopped (SIGSTOP, swapped out)
+# held each start up to the request's 10 s timeout, and apply() and the agent's metrics(),
+# which wait for that lock, as long per worker asked for.
+START_WAIT_S = 0.5
 # Deaths in a row (times max_item_retries + 1) after which a stage's workers are taken to die
 # whatever they get, and an item whose worker died is no longer tried again.
 BROKEN_AFTER_DEATHS = 2
@@ -83,6 +89,9 @@ class WorkerHandle:
     outstanding: deque = field(default_factory=deque)  # (seq, payload) sent, not answered
     cv: threading.Condition = field(default_factory=threading.Condition)
     ended: bool = False  # a process worker's result pipe reached its end
+    # A process worker asked of the launcher, not answered yet: (the launcher, the request).
+    pending: tuple[Zygote, int] | None = None
+    launcher: Zygote | None = None  # the launcher that forked a started process worker
 
     def alive(self) -> bool:
         """Say whether the worker still runs (a process worker: its pipe is still open)."""
@@ -226,6 +235,9 @@ class StagePool:
         Returns the workers replaced."""
         if self.stop_flag.is_set():
             return []
+        for worker in list(self.active):
+            if worker.pending is not None:
+                self._finish_start(worker, 0.0)
         self.reap()
         dead = [w for w in self.active if w.kind == "process" and w.ended]
         for worker in dead:
@@ -237,6 +249,7 @@ class StagePool:
         return dead
 
     def _retire(self, worker: WorkerHandle) -> None:
+        self._cancel_start(worker)
         with worker.cv:
             worker.retire.set()
             worker.cv.notify_all()
@@ -289,6 +302,7 @@ class StagePool:
         "'s0' 0 item(s) waiting, 2 worker(s); 's1' 0 ..." and no item for 25 s). Now the
         reading relay starts first (without it the feeding one never starts), and a start cut
         anywhere kills the worker: its reading relay, if it runs, puts back what it held."""
+        self._cancel_start(worker)
         worker.signal(signal.SIGKILL)
         with worker.cv:
             worker.retire.set()
@@ -307,19 +321,49 @@ class StagePool:
             "affinity": self.affinity,
             "status_index": (self.index, worker.slot),
         }
+        zygote = self.zygote
         try:
-            pid, pidfd, items_fd, results_fd = self.zygote.spawn(request)
+            number, items_fd, results_fd = zygote.request(request)
         except LauncherGone as exc:
             # Counted as a worker that died at once: the pipeline replaces the launcher.
-            log.warning("stage '%s': could not start a worker: %s", self.stage.name, exc)
+            log.warning("stage '%s': could not start a worker: %s", self.stage.name, str(exc))
             worker.ended = True
             return
-        worker.pid, worker.pidfd = pid, pidfd
         os.set_blocking(items_fd, False)  # see _send()
         worker.items = Connection(items_fd, readable=False)
         worker.results = Connection(results_fd, writable=False)
+        worker.pending = (zygote, number)
+        # Wait for the answer only while the launcher keeps up: behind on an earlier request
+        # (stopped, swapped out), it would hold the lock START_WAIT_S per worker.
+        self._finish_start(worker, 0.0 if zygote.behind(number) else START_WAIT_S)
+
+    def _finish_start(self, worker: WorkerHandle, wait_s: float) -> None:
+        """Take the launcher's answer for a pending worker (waiting up to ``wait_s``) and start
+        its relays; leave it pending if none came. A launcher gone, or silent past its
+        request's timeout, ends the worker (the monitor replaces it)."""
+        assert worker.pending is not None
+        zygote, number = worker.pending
         try:
-            worker.process = psutil.Process(pid)
+            answer = zygote.answer(number, wait_s)
+        except LauncherGone as exc:
+            log.warning("stage '%s': could not start a worker: %s", self.stage.name, str(exc))
+            worker.pending = None
+            with worker.cv:
+                worker.ended = True
+                worker.cv.notify_all()
+            return
+        if answer is None:
+            return
+        worker.pending = None
+        worker.pid, worker.pidfd = answer
+        worker.launcher = zygote
+        if wait_s == 0.0 and self.affinity and self.stage.kind == "process":
+            try:  # pinned as the request asked; a re-plan may have come since
+                os.sched_setaffinity(worker.pid, self.affinity)
+            except (OSError, AttributeError):
+                pass
+        try:
+            worker.process = psutil.Process(worker.pid)
         except psutil.Error:
             worker.process = None
         name = f"intune-{self.stage.name}-{worker.slot}"
@@ -330,6 +374,17 @@ class StagePool:
         ]
         for relay in worker.relays:
             relay.start()
+
+    def _cancel_start(self, worker: WorkerHandle) -> None:
+        """A pending worker retired or abandoned: forget its request and end it (the worker
+        the launcher may still fork finds its item pipe closed once reaped, and leaves)."""
+        pending, worker.pending = worker.pending, None
+        if pending is None:
+            return
+        pending[0].forget(pending[1])
+        with worker.cv:
+            worker.ended = True
+            worker.cv.notify_all()
 
     # ------------------------------------------------------------- a process worker's relays
 
@@ -509,8 +564,18 @@ class StagePool:
     def _recover(self, worker: WorkerHandle, lost: list[tuple[int, Any]]) -> None:
         """A process worker died: say how, and give what it held to the other workers."""
         self.died += 1
-        self.deaths_in_a_row += 1
         how = self._how_it_ended(worker)
+        if worker.launcher is not None and not worker.launcher.alive():
+            # It died with its launcher (killed, or the OOM killer's pick), which says
+            # nothing of its items or its stage: counted, a few launchers killed in a row
+            # while their workers started failed every item as a stage that cannot work.
+            log.warning(
+                "stage '%s': worker pid %s %s with its launcher, holding %d item(s); "
+                "they go to another worker", self.stage.name, worker.pid, how, len(lost),
+            )  # fmt: skip
+            self.inbox.put_front(lost)
+            return
+        self.deaths_in_a_row += 1
         if lost and self.deaths_in_a_row > BROKEN_AFTER_DEATHS * (self.max_item_retries + 1):
             # Every worker dies before it answers anything (a worker_init_fn that exits, a
             # library that crashes on import): retrying each item on max_item_retries more
@@ -668,6 +733,9 @@ class StagePool:
         self.active, self.retiring = [], []
         for worker in workers:
             self._retire(worker)
+        for worker in workers:
+            if worker.kind == "process" and worker.pid is None:
+                worker.close()  # never started (its start was cut, or cancelled above)
         processes = [w for w in workers if w.kind == "process" and w.pid is not None]
         grace_end = min(deadline, time.monotonic() + grace_s)
         _wait_exited(processes, grace_end)

@@ -1,8 +1,9 @@
 """Signals in a process that runs a pipeline: Ctrl-C held over the steps that must not be cut.
 
-Ctrl-C in a terminal sends SIGINT to the whole process group: the training script, the
-pipeline's launcher and every worker. The workers and the launcher ignore it (``GROUP_SIGNALS``
-in :mod:`agents.pipeline.worker`); the pipeline's own process takes it as Python does, as a
+Ctrl-C in a terminal sends SIGINT to the whole process group. The pipeline's launcher and its
+workers lead a group of their own (``agents.pipeline.zygote``), which it does not reach, and
+they ignore it besides (``GROUP_SIGNALS`` in :mod:`agents.pipeline.worker`: a scheduler may
+signal every process of a job, not a group); the pipeline's own process takes it as Python does, as a
 ``KeyboardInterrupt`` in its main thread, wherever that thread is. Raised halfway through
 starting or stopping a pipeline, it would leave a launcher forked and no thread to watch it,
 or workers asked to leave and never reaped: ``deferred()`` holds it over those steps and

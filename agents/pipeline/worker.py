@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 from agents.pipeline import heap, shm
 
 # The signals a terminal (Ctrl-C, a closed terminal) or a ``kill -- -PGID`` sends to the whole
-# process group. Workers and their launcher ignore them: killed mid-transfer, a worker leaves
+# process group (the launcher's group is its own now, see agents.pipeline.zygote; a scheduler
+# may still signal every process of a job). Workers and their launcher ignore them: killed mid-transfer, a worker leaves
 # its shared memory behind and the consumer waiting for its item. The pipeline's process
 # decides what stops, and stops them (SIGKILL for a worker that will not leave).
 GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

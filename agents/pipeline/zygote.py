@@ -30,6 +30,16 @@ and what they had ``exec``'d (a ``subprocess``, which gets no at-fork hook, so n
 signal) went to init and ran on. Every process under the launcher carries the pipeline's mark
 in its environment (``MARK``, inherited across fork and exec); when the pipeline finds its
 launcher killed it ends every process still carrying the mark (``end_marked``).
+
+The launcher also leads a process group of its own, which its workers and what they start
+inherit (``subprocess`` with ``env={...}`` too, which clears the mark; not what calls
+``setsid``): the pipeline, finding its launcher exited, SIGKILLs that group before it reaps the
+launcher (``Zygote._exited``; the zombie holds the group's id, so it names no other group).
+And a ``kill -9`` of the training script's whole group does not reach the launcher: it finds
+its parent gone within ``_LOOP_S``, ends its workers and what it adopted, removes the shared
+memory, and SIGKILLs its group, itself last. In a group of their own, the launcher and the
+workers are a background group of the terminal: they ignore ``SIGTTIN`` and ``SIGTTOU`` (a
+read of the terminal fails rather than stopping the process; ``input()`` in a stage raises).
 """
 
 from __future__ import annotations
@@ -110,13 +120,35 @@ class Zygote:
         self._closed = False
         self._abandoned = False  # the pipeline is stopping: no request waits any more
         self._requests = 0  # requests sent: each is numbered, and so is its answer
+        self._pending: dict[int, float] = {}  # requests not answered yet -> their deadline
+        self._answers: dict[int, tuple[bytes, list[int]]] = {}  # answers not taken yet
+        self._gone = ""  # why no answer will come any more (the socket closed, a crash)
         self.started_workers = 0  # workers it forked: one or more, it got past its start
         self.exit_code: int | None = None  # once reaped: its exit code, or -signal
         self.crash = ""  # what it raised, if it said so before it died (traceback text)
 
     def spawn(self, request: dict[str, Any]) -> tuple[int, int | None, int, int]:
         """Start a worker; return its pid, a pidfd (``None`` where the platform has none),
-        and the pipeline's ends of its item pipe (to write) and result pipe (to read)."""
+        and the pipeline's ends of its item pipe (to write) and result pipe (to read).
+
+        Waits for the launcher's answer up to ``_REQUEST_TIMEOUT_S``; ``request()`` and
+        ``answer()`` are the same in two steps, for a caller that must not wait so long."""
+        number, items_w, results_r = self.request(request)
+        try:
+            answer = self.answer(number, _REQUEST_TIMEOUT_S)
+            assert answer is not None  # a wait to the request's own deadline ends in one
+        except BaseException:
+            self.forget(number)
+            _close(items_w)
+            _close(results_r)
+            raise
+        pid, pidfd = answer
+        return pid, pidfd, items_w, results_r
+
+    def request(self, request: dict[str, Any]) -> tuple[int, int, int]:
+        """Ask the launcher for a worker, without waiting for its answer: return the
+        request's number (for ``answer()``) and the pipeline's ends of the worker's item pipe
+        (to write) and result pipe (to read)."""
         items_r, items_w = os.pipe()
         results_r, results_w = os.pipe()
         try:
@@ -137,50 +169,106 @@ class Zygote:
                         os.close(items_r)
                         os.close(results_w)
                         items_r = results_w = -1
-                    message, fds = self._answer_to(number)
-                except (OSError, TimeoutError) as exc:
+                except OSError as exc:
                     raise LauncherGone(
                         f"the worker launcher (pid {self.pid}) is gone: {exc}"
                     ) from exc
-            if not message:
-                raise LauncherGone(f"the worker launcher (pid {self.pid}) closed its socket")
-            _, pid = _ANSWER.unpack(message)
-            if pid > 0:
-                self.started_workers += 1
-            if pid < 0:
-                raise LauncherGone(f"the worker launcher could not fork: {os.strerror(-pid)}")
-            return pid, (fds[0] if fds else None), items_w, results_r
+                self._pending[number] = time.monotonic() + _REQUEST_TIMEOUT_S
+            return number, items_w, results_r
         except BaseException:
             for fd in (items_r, results_w, items_w, results_r):
                 if fd >= 0:
                     _close(fd)
             raise
 
-    def _answer_to(self, number: int) -> tuple[bytes, list[int]]:
-        """The launcher's answer to request ``number`` (the lock held). A late answer to an
-        earlier request, one that timed out, is dropped (its pidfd closed): taken for this
-        one, it gave this worker another's pid, and every later request the answer before."""
-        deadline = time.monotonic() + _REQUEST_TIMEOUT_S
-        while True:
-            # In slices, so that a stop is not held up to the whole timeout by a launcher
-            # that does not answer (stopped, or swapped out under memory pressure).
-            ready, _, _ = select.select([self._socket], [], [], _ANSWER_SLICE_S)
-            if self._abandoned:
-                raise TimeoutError("the pipeline is stopping")
-            if not ready:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no answer to request {number} in {_REQUEST_TIMEOUT_S} s")
-                continue
-            message, fds, _, _ = socket.recv_fds(self._socket, _REPORT_BYTES, 1)
+    def answer(self, number: int, wait_s: float) -> tuple[int, int | None] | None:
+        """The launcher's answer to request ``number``: the new worker's pid and pidfd, or
+        ``None`` if none came within ``wait_s`` (ask again later). Raises ``LauncherGone``
+        once the launcher is gone, crashed, or has not answered within
+        ``_REQUEST_TIMEOUT_S`` of the request (the request is then forgotten: a late answer
+        is dropped, its pidfd closed; the worker it started finds its item pipe closed and
+        leaves). A late answer taken for a later request gave that worker another's pid."""
+        until = time.monotonic() + max(0.0, wait_s)
+        with self._lock:
+            while True:
+                if number in self._answers:
+                    message, fds = self._answers.pop(number)
+                    self._pending.pop(number, None)
+                    break
+                expires = self._pending.get(number)
+                if self._gone or self._closed or self._abandoned or expires is None:
+                    self._pending.pop(number, None)
+                    raise LauncherGone(
+                        f"the worker launcher (pid {self.pid}) is gone: "
+                        + (self._gone or "the pipeline is stopping")
+                    )
+                now = time.monotonic()
+                if now > expires:
+                    self._pending.pop(number, None)
+                    raise LauncherGone(
+                        f"the worker launcher (pid {self.pid}) is gone: no answer to request "
+                        f"{number} in {_REQUEST_TIMEOUT_S} s"
+                    )
+                if now >= until and not self._readable(0.0):
+                    return None
+                # In slices, so that a stop is not held up by a launcher that does not answer
+                # (stopped, or swapped out under memory pressure).
+                if self._readable(min(_ANSWER_SLICE_S, max(0.0, until - now))):
+                    self._take_answers()
+        _, pid = _ANSWER.unpack(message)
+        if pid > 0:
+            self.started_workers += 1
+            return pid, (fds[0] if fds else None)
+        for fd in fds:
+            _close(fd)
+        raise LauncherGone(f"the worker launcher could not fork: {os.strerror(-pid)}")
+
+    def behind(self, number: int) -> bool:
+        """Whether a request before ``number`` is still unanswered (the launcher lags)."""
+        with self._lock:
+            return any(earlier < number for earlier in self._pending)
+
+    def forget(self, number: int) -> None:
+        """Give up request ``number``: its answer, come or to come, is dropped."""
+        with self._lock:
+            self._pending.pop(number, None)
+            _, fds = self._answers.pop(number, (b"", []))
+        for fd in fds:
+            _close(fd)
+
+    def _readable(self, wait_s: float) -> bool:
+        try:
+            ready, _, _ = select.select([self._socket], [], [], wait_s)
+        except (OSError, ValueError):  # closed under us: close() holds the lock, so not ours
+            return False
+        return bool(ready)
+
+    def _take_answers(self) -> None:
+        """Read every answer waiting on the socket (the lock held): each kept for its
+        request, one for a forgotten request dropped (its pidfd closed)."""
+        # A socket with a timeout waits for data before it reads, MSG_DONTWAIT or not: read
+        # only what select() says is there.
+        while self._readable(0.0):
+            try:
+                message, fds, _, _ = socket.recv_fds(self._socket, _REPORT_BYTES, 1)
+            except (BlockingIOError, InterruptedError, TimeoutError):
+                return
+            except OSError as exc:
+                self._gone = str(exc)
+                return
+            if not message:
+                self._gone = "it closed its socket"
+                return
             if message.startswith(_CRASH):
                 self.crash = message[len(_CRASH) :].decode(errors="replace")
-                raise OSError(f"it died: {_last_line(self.crash)}")
-            if not message or _ANSWER.unpack(message)[0] == number:
-                return message, fds
-            for fd in fds:
-                _close(fd)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer to request {number} in {_REQUEST_TIMEOUT_S} s")
+                self._gone = f"it died: {_last_line(self.crash)}"
+                return
+            number = _ANSWER.unpack(message)[0]
+            if number in self._pending:
+                self._answers[number] = (message, fds)
+            else:
+                for fd in fds:
+                    _close(fd)
 
     def abandon(self) -> None:
         """Make the request waiting for an answer, and every later one, fail at once (the
@@ -191,13 +279,31 @@ class Zygote:
         """Say whether the launcher still runs (once it has not: ``exit_code``)."""
         if self.exit_code is not None:
             return False
+        return not self._exited()
+
+    def _exited(self) -> bool:
+        """Whether the launcher has exited; if it has, SIGKILL what is left of its process
+        group (a worker's ``exec``'d children, marked or not), then reap it (``exit_code``).
+
+        The group is ended before the launcher is reaped: until then its zombie holds the pid,
+        so the group's id cannot have been taken by another process."""
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True  # reaped already
+        if info is None:
+            return False
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing left in it (or it could not make its group)
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
-            return False
+            return True
         if pid:
             self.exit_code = os.waitstatus_to_exitcode(status)
-        return pid == 0
+        return True
 
     def how_it_ended(self) -> str:
         """How the launcher ended, for a message (after ``alive()`` said it had): its exit
@@ -230,16 +336,15 @@ class Zygote:
         with self._lock:
             self._closed = True
             self._socket.close()
+            self._pending.clear()
+            answers, self._answers = self._answers, {}
+        for _, fds in answers.values():
+            for fd in fds:
+                _close(fd)
         deadline = time.monotonic() + timeout
         killed = False
         while True:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = 0, None
-            if status is not None and pid:
-                self.exit_code = os.waitstatus_to_exitcode(status)
-            if pid or status is None:
+            if self.exit_code is not None or self._exited():
                 if self._prefix is not None and (self.exit_code or 0) < 0:
                     end_marked(self._prefix)
                 return
@@ -289,16 +394,26 @@ def _launcher(
     """The launcher's loop: fork workers on request, reap them, and leave with the pipeline."""
     # It leaves with the pipeline's process, not with the group; so do its workers.
     ignore_group_signals(in_children=True)
+    try:
+        # A group of its own (see the module's docs): the pipeline ends it when the launcher
+        # is killed, and a kill of the training script's group leaves the launcher to clean up.
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    for signum in (signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(signum, signal.SIG_IGN)  # a background group's terminal access
     if prefix is not None:
         os.environ[MARK] = prefix  # inherited by every process under it (see end_marked)
     _adopt_orphans()
     children: dict[int, tuple[int, int]] = {}  # pid -> where its exit status goes
+    orphaned = False
     try:
         while True:
             ready, _, _ = select.select([sock], [], [], _LOOP_S)
             _reap(children, statuses)
             _end_strays(children)
             if os.getppid() != parent:
+                orphaned = True
                 return  # the pipeline's process died
             if not ready:
                 continue
@@ -344,6 +459,9 @@ def _launcher(
             from agents.pipeline import shm
 
             shm.sweep(prefix)
+        if orphaned and os.getpgid(0) == os.getpid():
+            # Nobody is left to end the group: what the workers started in it, then itself.
+            os.killpg(0, signal.SIGKILL)
 
 
 def end_marked(prefix: str) -> list[int]:

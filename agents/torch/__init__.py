@@ -13,5 +13,6 @@ Inside this package ``import torch`` is the real torch (imports are absolute).
 """
 
 from agents.torch.loader import DataLoader
+from agents.torch.stateful import StatefulDataLoader
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "StatefulDataLoader"]

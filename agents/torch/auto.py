@@ -32,6 +32,7 @@ import torch.utils.data
 import torch.utils.data.dataloader
 
 from agents.torch.loader import DataLoader, _T_co
+from agents.torch.stateful import StatefulDataLoader
 
 log = logging.getLogger("agents.autorun")
 
@@ -144,9 +145,72 @@ def _torch_subclass(name: str, bases: tuple, namespace: dict, reached: list, **k
             _TORCH[base.__args__] if getattr(base, "__origin__", None) is auto else base
             for base in namespace["__orig_bases__"]
         )
+    if (name, namespace.get("__module__")) == _TORCHDATA_STATEFUL:
+        # torchdata's own: built as ours (agents.torch.StatefulDataLoader) where it can be.
+        cls = _StatefulSwap(name, bases, {**namespace, "_intune_swap": True}, **kwargs)
+        return cls
     cls = type(name, bases, namespace, **kwargs)
     _unserved(cls, f"{', '.join(reached)} use torch's own iteration")
     return cls
+
+
+_TORCHDATA_STATEFUL = ("StatefulDataLoader", "torchdata.stateful_dataloader.stateful_dataloader")
+# "1": torchdata's StatefulDataLoader over a map-style dataset is built as ours (set by
+# intune-run --tune-stateful): tuned, but its checkpoints are in our format, not torchdata's.
+STATEFUL_ENV = "INTUNE_AUTO_STATEFUL"
+
+
+class _StatefulSwap(type):
+    """torchdata's ``StatefulDataLoader`` (0.11) under ``intune-run --tune-stateful``
+    (``STATEFUL_ENV``; without it torchdata's own, untuned, whose checkpoints a run without
+    intune-run reads): over a map-style dataset
+    with workers, ``agents.torch.StatefulDataLoader`` is built in its place (tuned: its
+    batches, order and resumes are torchdata's, its ``state_dict`` format is ours, see
+    docs/reliability.md), and ``isinstance(loader, StatefulDataLoader)`` holds for it. An
+    ``IterableDataset`` (whose place is the dataset's own ``state_dict``), ``num_workers=0``
+    and a script's subclass of it keep torchdata's own class. Said once each, in the log."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.__dict__.get("_intune_swap"):
+            dataset = args[0] if args else kwargs.get("dataset")
+            if os.environ.get(STATEFUL_ENV) != "1":
+                # Its checkpoints stay torchdata's: a script resumed with and without
+                # intune-run must read the other's (the formats differ).
+                _stateful_said(
+                    False,
+                    "its checkpoints stay torchdata's; intune-run --tune-stateful tunes it, "
+                    "its state_dict() then in agents.torch's own format",
+                )
+            elif isinstance(dataset, torch.utils.data.IterableDataset):
+                _stateful_said(False, "an IterableDataset: its place is the dataset's state")
+            elif _num_workers(args, kwargs) == 0:
+                _stateful_said(False, "num_workers=0: it loads in the training process")
+            else:
+                _stateful_said(True, "a map-style dataset")
+                return TunedStatefulDataLoader(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls.__dict__.get("_intune_swap") and isinstance(obj, TunedStatefulDataLoader):
+            return True
+        return super().__instancecheck__(obj)
+
+
+def _stateful_said(tuned: bool, why: str) -> None:
+    """Say once per kind whether a torchdata StatefulDataLoader is tuned, and why."""
+    key = f"stateful {tuned} {why}"
+    if key in _said:
+        return
+    _said.add(key)
+    if tuned:
+        log.info(
+            "intune-run: torchdata's StatefulDataLoader over %s is tuned: "
+            "agents.torch.StatefulDataLoader is built in its place (torchdata's batches and "
+            "resumes; its state_dict() format is agents.torch.DataLoader/1, not torchdata's)",
+            why,
+        )
+    else:
+        log.info("intune-run: torchdata's StatefulDataLoader is kept, not tuned (%s)", why)
 
 
 def _also_ours(theirs: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -173,10 +237,8 @@ def _readers_said(workers: int) -> None:
     _said.add("readers")
     log.info(
         "intune-run: a DataLoader of an IterableDataset with num_workers=%d loads as torch's, "
-        "not tuned: its readers keep their number (there is nothing to resize), and torch "
-        "takes their batches round-robin, an order that a checkpoint counting samples "
-        "(mosaicml-streaming, datasets) relies on, where agents.torch.DataLoader keeps it "
-        "only while no reader falls far behind the others",
+        "not tuned: its readers keep their number and run fused with collate (there is "
+        "nothing to resize)",
         workers,
     )
 
@@ -209,6 +271,11 @@ class AutoDataLoader(DataLoader[_T_co], metaclass=_AutoMeta):
 
 AutoDataLoader.__name__ = AutoDataLoader.__qualname__ = "DataLoader"
 AutoDataLoader.__module__ = "torch.utils.data.dataloader"
+
+
+class TunedStatefulDataLoader(StatefulDataLoader[_T_co], AutoDataLoader[_T_co]):
+    """``agents.torch.StatefulDataLoader``, standing in for torchdata's under ``intune-run``
+    (over a map-style dataset with workers: :class:`_StatefulSwap`)."""
 
 
 class _Tuned:
@@ -300,7 +367,7 @@ class _Tuned:
             size = "unsized" if math.isinf(batches) else f"{batches:.0f} batches"
             what = f"DataLoader #{index} ({size}, stages {', '.join(loader.stage_names)})"
         except Exception as exc:  # noqa: BLE001 - tuning never stops training
-            log.warning("intune-run: DataLoader #%d is not tuned: %r", index, exc)
+            log.warning("intune-run: DataLoader #%d is not tuned: %s", index, repr(exc))
             return
         with self.lock:
             self.ours.add(loader)  # before attach() notes it: not taken for the script's own
@@ -333,7 +400,7 @@ class _Tuned:
         try:
             agent = agents.attach(loader)
         except Exception as exc:  # noqa: BLE001 - tuning never stops training
-            log.warning("intune-run: %s is not tuned: %s", what, exc)
+            log.warning("intune-run: %s is not tuned: %s", what, str(exc))
             return
         with self.lock:
             current = generation == self.generation

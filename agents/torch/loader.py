@@ -47,15 +47,16 @@ from agents.process_lock import SharedCount
 from agents.torch.steps import (
     EpochEnd,
     Fetch,
+    InitWatch,
     Item,
     Read,
     SamplerFailed,
     Skipped,
+    StartWorker,
     Step,
     WorkerSetup,
     fold,
     own_collate,
-    set_reader_slot,
     stage_names,
 )
 
@@ -92,8 +93,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       each stage at 128, with a warning. Each ``iter()`` without persistent workers starts its own pipeline, as torch
       starts workers per iterator, so two iterations can run at once (``zip(loader,
       loader)``); ``apply()`` resizes every running one, and the agent's handle
-      (``pipeline``, ``metrics()``) is the newest's. With persistent workers one iteration
-      runs at a time: ``iter()`` ends the previous one, whose next ``next()`` raises.
+      (``pipeline``, ``metrics()``) is the newest's. With persistent workers, as torch's,
+      every ``iter()`` hands out the one iterator, reset to a new epoch.
     - ``persistent_workers``: one pipeline serves every epoch; otherwise each epoch starts
       its own, as torch starts workers per epoch. Workers are seeded and call
       ``worker_init_fn`` as torch's do (see ``agents.torch.steps.WorkerSetup``):
@@ -136,10 +137,19 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       workers at ``close()`` (``agents.pipeline.zygote``); start a process that must outlive
       them from the training script.
 
+    - ``state_dict()`` / ``load_state_dict()`` (a map-style dataset): checkpoint an epoch's
+      place and resume it in a fresh loader with the same batches, as torchdata's
+      ``StatefulDataLoader`` does (in our own format; ``agents.torch.StatefulDataLoader``
+      also gives torchdata's batches). See docs/reliability.md, "Checkpointing a loader".
+
     For ``agents.attach`` it offers a ``Pipeline``'s ``stage_names``, ``stages``,
     ``allocation``, ``apply()``, ``metrics()`` and ``consumer_stats()``; ``pipeline`` is the
     current epoch's ``Pipeline``.
     """
+
+    # Whether the sampler's iterator is made before the base seed is drawn (torchdata's
+    # StatefulDataLoader's order; torch's draws the base seed first).
+    _sampler_first = False
 
     def __init__(
         self,
@@ -241,10 +251,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # epoch's workers; a strong reference here kept them running (and their memory) until
         # the next epoch or close().
         self._iterator_refs: list[weakref.ref[_EpochIterator]] = []
+        # With persistent workers, the one iterator that every iter() hands out, reset to a
+        # new epoch, as torch's loader keeps its ``_iterator`` (held as torch holds it).
+        self._persistent_iterator: _EpochIterator | None = None
         # The started pipelines' receivers not yet stopped, oldest first; the newest is current.
         self._receivers: list[_Receiver] = []
         self._receiver: _Receiver | None = None
         self._stats = _ConsumerStats()
+        # state_dict(): the newest epoch's place (_Place); load_state_dict(): the place the
+        # next iter() resumes at.
+        self._place: _Place | None = None
+        self._resume: _Place | None = None
         # The current epoch's pipeline (unstarted between epochs): the agent's handle.
         self._pipeline = self._build_pipeline(base_seed=0)
         self._allocation = self._pipeline.allocation
@@ -254,7 +271,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     _RUNTIME = (
         "_switch_lock", "_apply_lock", "_lock",
         "_owner_pid", "_epoch", "_base_seed", "_base_seed_epoch", "_plans",
-        "_iterator_refs", "_receivers", "_receiver", "_stats", "_pipeline",
+        "_iterator_refs", "_persistent_iterator", "_receivers", "_receiver", "_stats",
+        "_pipeline", "_place", "_resume",
     )  # fmt: skip
 
     def __getstate__(self) -> dict[str, Any]:
@@ -280,6 +298,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         do: a count shared by the loader's pipelines gave a per-epoch loader's second epoch
         workers 2 and 3 (of 2), and ``worker_init_fn`` ids and seeds torch never gives."""
         workers = self._start_workers
+        watch = None
+        if self.worker_init_fn is not None and self.num_workers > 0:
+            watch = InitWatch(self._readers if self._iterable else 0)
         counter = SharedCount(
             "the loader's count of workers", start=self._readers if self._iterable else 0
         )
@@ -291,7 +312,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             counter=counter,
             as_workers=self.num_workers > 0,
             repeatable=self._repeatable,
+            watch=watch,
         )
+        start = StartWorker(setup)  # every worker is set up as it starts, as torch's
         batched = self._auto_collation
         if self._iterable:
             readers = self._readers
@@ -302,6 +325,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 self.worker_init_fn,
                 as_workers=self.num_workers > 0,
                 repeatable=self._repeatable,
+                watch=watch,
             )
             read = Read(
                 self.dataset,
@@ -311,6 +335,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 readers=readers,
                 # The last epoch each reader began (Read says why).
                 begun=multiprocessing.get_context("fork").RawArray("q", readers),
+                # The consumer's count of each reader's batches handed out (Read says why).
+                handed=(
+                    multiprocessing.get_context("fork").RawArray("q", 1 + readers)
+                    if readers > 1
+                    else None
+                ),
+                ahead=self._reader_ahead,
             )
             stages = [
                 Stage(
@@ -319,22 +350,28 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                     workers=readers,
                     max_workers=readers,
                     shm_min_bytes=1,
-                    init=set_reader_slot,
+                    init=StartWorker(reader_setup, read),
                 )
             ]
         else:
-            stages = [self._stage("fetch", Step(Fetch(self.dataset, batched), setup), workers)]
+            fetch = Step(Fetch(self.dataset, batched), setup)
+            stages = [self._stage("fetch", fetch, workers, init=start)]
         # Each step's place (read or fetch 0) is folded into the batch's seed: see steps.py.
         for name, fn in self._transforms:
             step = Step(fn, setup, per_sample=True, batched=batched, position=len(stages))
-            stages.append(self._stage(name, step))
+            stages.append(self._stage(name, step, init=start))
         collate = Step(own_collate(self.collate_fn), setup, position=len(stages))
-        stages.append(self._stage("collate", collate, workers))
+        stages.append(self._stage("collate", collate, workers, init=start))
         for name, fn in self._batch_transforms:
-            stages.append(self._stage(name, Step(fn, setup, position=len(stages)), workers))
+            step = Step(fn, setup, position=len(stages))
+            stages.append(self._stage(name, step, workers, init=start))
         stages = fuse_groups(stages, self._fusion([s.name for s in stages]))
+        source = _PlanSource(self._plans if self.persistent_workers else None)
+        source.init_watch = watch
+        if self._iterable:
+            source.handed = read.handed
         pipeline = Pipeline(
-            _PlanSource(self._plans if self.persistent_workers else None),
+            source,
             stages,
             queue_size=self._queue_size,
             name="dataloader",
@@ -356,13 +393,25 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         first = "read" if self._iterable else "fetch"
         return "+".join([first] + [name for name, _ in self._transforms] + ["collate"])
 
-    def _stage(self, name: str, fn: Callable, workers: int | None = None) -> Stage:
+    def _stage(
+        self, name: str, fn: Callable, workers: int | None = None, init: Callable | None = None
+    ) -> Stage:
         ceiling = self._max_workers
         count = self._start_workers if workers is None else workers
         # shm_min_bytes=1: every tensor through the runtime's shared memory (see steps.py).
         return Stage(
-            name, fn, workers=min(count, ceiling or count), max_workers=ceiling, shm_min_bytes=1
-        )
+            name, fn, workers=min(count, ceiling or count), max_workers=ceiling,
+            shm_min_bytes=1, init=init,
+        )  # fmt: skip
+
+    @property
+    def _reader_ahead(self) -> int:
+        """How many batches a reader of an IterableDataset reads ahead of the consumer at
+        most (``Read``): torch's worker gets ``prefetch_factor`` indices ahead at most; ours
+        twice that, within the consumer's bound of 4 x the queue as before (at
+        ``prefetch_factor`` a loop of 2 ms a batch cost 3 ticks skipped per batch, 0.95 to
+        1.03 CPU s per epoch against 0.74 to 0.80: benchmarks/reader_turns.py)."""
+        return max(2, 2 * (self.prefetch_factor or 2))
 
     @property
     def _start_workers(self) -> int:
@@ -382,8 +431,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """Start an epoch and return its iterator. Without persistent workers an iteration
         still running goes on beside it with its own pipeline, as torch's iterators each have
         their own workers (``zip(loader, loader)``); the agent's handle is the newest's. With
-        persistent workers (one pipeline) the running one ends, and says so at its next
-        ``next()``.
+        persistent workers (one pipeline) every ``iter()`` hands out the same iterator, reset
+        to the new epoch, as torch's ``DataLoader.__iter__`` does: ``zip(loader, loader)``
+        takes one epoch's batches by turns. Before, the older iterator raised
+        ``RuntimeError`` at its next ``next()``.
 
         The switch runs outside the loader's ``_lock``: meanwhile ``metrics()`` reads the
         pipeline current then (idle rows at the next epoch's allocation, between epochs), and
@@ -392,23 +443,70 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         _warn_pin_memory(self.pin_memory, self.pin_memory_device)
         with self._switch_lock:
             if self.persistent_workers:
+                reused = self._persistent_iterator
                 for current in self._live_iterators():
-                    current.close(superseded=True)
+                    if current is not reused:
+                        current.close()  # not handed out by iter(): a copy's, a fork's
+                if reused is not None and self._plans is not None:
+                    self._plans.finish(reused.epoch)  # the epoch it was on: fed no more
             self._epoch += 1
             epoch = self._epoch
+            resume, self._resume = self._resume, None
+            mid = resume is not None and resume.in_epoch  # resumed mid-epoch (load_state_dict)
+            if resume is not None and not mid:
+                resume.restore_generators(self)  # a finished epoch's: the next starts there
+            skip = resume.num_yielded if mid else 0
             # As torch: a new base seed per iterator (once only with persistent workers),
             # drawn from ``generator`` before the sampler draws from it.
-            first_pipeline = self._base_seed is None
-            if first_pipeline or not self.persistent_workers:
+            draw = self._base_seed is None or not self.persistent_workers
+            before = drawn = None
+            # torchdata's StatefulDataLoader's order (_sampler_first): its sampler's iterator
+            # draws as it is made, before the base seed; a new iterator with workers makes it
+            # again after the base seed (torch's ``_reset``), and uses that one.
+            fresh = draw  # a new iterator's epoch (torchdata's: a resumed one's, as it was)
+            if resume is not None and (mid or resume.base_seed is not None):
+                fresh = not self.persistent_workers or resume.epoch_offset == 0
+            again = self._sampler_first and self.num_workers > 0 and fresh
+            if self._sampler_first and not again:
+                before = _Place.snapshot(self)
+                with _sampler_rng(self, resume if mid else None):
+                    drawn = self._sampler_iter(skip)
+            elif again and not mid:
+                iter(self._index_sampler)
+            saved = resume is not None and resume.base_seed is not None and draw
+            if saved and mid and self._sampler_first and self.num_workers == 0:
+                # Drawn after the sampler there too: from the loader's generator, drawn again
+                # (the same, and the generator goes on as it did); torch's global generator
+                # is the script's, whose checkpoint holds it past that draw.
+                saved = self.generator is None
+            if saved:
+                # The checkpointed epoch's base seed, not drawn again.
+                self._base_seed = resume.base_seed
+                self._base_seed_epoch = epoch - resume.epoch_offset
+            elif draw:
                 self._base_seed = int(
                     torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
                 )
                 self._base_seed_epoch = epoch
+            first_pipeline = self._plans is None
             # The seed of this epoch's batches (steps.py): a persistent pipeline's epochs share
             # one base seed, and each must draw its own numbers, as torch's workers go on
             # drawing from their streams.
-            epoch_seed = fold(self._base_seed, epoch - self._base_seed_epoch)
-            items = self._epoch_items(epoch, epoch_seed)
+            offset = epoch - self._base_seed_epoch
+            epoch_seed = resume.epoch_seed if mid else fold(self._base_seed, offset)
+            if mid:
+                place = resume.resumed(offset)
+                if drawn is None:
+                    with _sampler_rng(self, resume):
+                        drawn = self._sampler_iter(skip, first=True)
+            else:
+                place = before if before is not None else _Place.snapshot(self)
+                place.base_seed, place.epoch_offset, place.epoch_seed = (
+                    self._base_seed, offset, epoch_seed)  # fmt: skip
+                if drawn is None:
+                    drawn = self._sampler_iter(0, first=True)
+            items = self._epoch_items(epoch, epoch_seed, drawn)
+            self._place = place
             if self.persistent_workers:
                 if first_pipeline:
                     self._plans = _Plans()
@@ -419,9 +517,41 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 pipeline.source.items = items
                 self._start(pipeline)
             with self._lock:
-                iterator = _EpochIterator(self, self._receiver, epoch, epoch_seed)
-                self._iterator_refs.append(weakref.ref(iterator))
+                iterator = self._persistent_iterator if self.persistent_workers else None
+                if iterator is not None and iterator.receiver is self._receiver:
+                    iterator._begin_epoch(epoch, epoch_seed)
+                else:
+                    iterator = _EpochIterator(self, self._receiver, epoch, epoch_seed)
+                    if self.persistent_workers:
+                        self._persistent_iterator = iterator
+                if not any(ref() is iterator for ref in self._iterator_refs):
+                    self._iterator_refs.append(weakref.ref(iterator))
+                iterator._place = place
+                iterator._num_yielded = skip
             return iterator
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The newest epoch's place, for :meth:`load_state_dict` (torchdata's
+        ``StatefulDataLoader`` API, map-style datasets): the batches delivered, the generator
+        state the sampler drew from when the epoch started and the epoch's seeds. A loader
+        that has not iterated gives ``{}`` (as ``StatefulDataLoader``, a fresh start)."""
+        if self._iterable:
+            raise NotImplementedError(
+                "agents.torch.DataLoader.state_dict() covers map-style datasets: an "
+                "IterableDataset's place is its own state (use torchdata's StatefulDataLoader)"
+            )
+        place = self._place
+        return {} if place is None else place.as_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """The next ``iter()`` resumes where :meth:`state_dict` was taken: after the batches
+        delivered then, the same batches, seeds and sampler order on (a finished epoch:
+        the next one, as it would have come). ``{}`` starts afresh."""
+        if self._iterable:
+            self.state_dict()  # raises
+        self._resume = None if not state_dict else _Place.from_dict(state_dict)
 
     def _live_iterators(self) -> list[_EpochIterator]:
         """The running iterations' iterators that someone still holds, oldest first."""
@@ -460,7 +590,20 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                     self._receiver = receiver
                     self._receivers.append(receiver)
 
-    def _epoch_items(self, epoch: int, epoch_seed: int) -> Iterator[Item]:
+    def _sampler_iter(self, skip: int, first: bool = False) -> tuple[Any, int, list] | None:
+        """The epoch's sampler iterator (map-style datasets), with ``skip`` batches drawn
+        (delivered before a checkpoint) and, with ``first``, the next drawn here, in the
+        caller's thread, as torch's iterator does when it starts: a sampler seeded from the
+        global RNG takes its seed now, not in our feeder."""
+        if self._iterable:
+            return None
+        indices = iter(self._index_sampler)
+        skipped = sum(1 for _ in itertools.islice(indices, skip))
+        return indices, skipped, (list(itertools.islice(indices, 1)) if first else None)
+
+    def _epoch_items(
+        self, epoch: int, epoch_seed: int, drawn: tuple[Any, int, list] | None = None
+    ) -> Iterator[Item]:
         """What the source feeds for one epoch: index lists then ``EpochEnd``, or (iterable
         datasets) endless ticks that the readers answer, numbered (see ``Read``). Batch ``k``
         carries the seed ``fold(epoch_seed, k)``; a tick carries ``epoch_seed``."""
@@ -471,14 +614,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 itertools.count(),
                 itertools.repeat(epoch_seed),
             )
-        indices = iter(self._index_sampler)
-        # Draw the first batch here, in the caller's thread, as torch's iterator does when it
-        # starts: a sampler seeded from the global RNG takes its seed now, not in our feeder.
-        first = list(itertools.islice(indices, 1))
+        # A resumed epoch (load_state_dict): the batches delivered before are drawn, not fed.
+        indices, skipped, first = drawn if drawn is not None else self._sampler_iter(0, True)
+        if first is None:
+            first = list(itertools.islice(indices, 1))
         batched = self._auto_collation
 
         def items() -> Iterator[Item]:
-            number = itertools.count()  # every batch of the sampler's, a failed one included
+            # every batch of the sampler's, a failed one included
+            number = itertools.count(skipped)
             for idx in first:
                 yield epoch, (len(idx) if batched else 1), idx, fold(epoch_seed, next(number))
             while True:
@@ -540,6 +684,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 current.close()
             with self._lock:
                 self._iterator_refs = []
+                self._persistent_iterator = None
                 receivers, self._receivers = self._receivers, []
                 self._receiver = None
                 plans, self._plans = self._plans, None
@@ -642,6 +787,103 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return self._stats.read()
 
 
+_STATE_FORMAT = "agents.torch.DataLoader/1"
+
+
+class _Place:
+    """Where an epoch is, for ``state_dict()``: enough to draw its sampler's batches again.
+
+    ``generator_state``: the loader's ``generator`` before the sampler drew from it (after
+    the base seed, which torch draws first; before it in torchdata's order);
+    ``sampler_generator_state``: the sampler's own ``generator`` then, where it has one of its
+    own (torchdata's ``RandomSampler`` without a loader's generator, or one the script made);
+    ``global_rng_state``: torch's global generator's then, where the loader has no
+    ``generator`` (torch's ``RandomSampler`` seeds itself from it each epoch). Between epochs
+    (``in_epoch`` false) the generator states are those the next epoch starts from."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.in_epoch = True
+        self.num_yielded = 0
+        self.base_seed: int | None = None
+        self.epoch_offset = 0
+        self.epoch_seed = 0
+        self.generator_state: torch.Tensor | None = None
+        self.sampler_generator_state: torch.Tensor | None = None
+        self.global_rng_state: torch.Tensor | None = None
+        vars(self).update(fields)
+
+    @classmethod
+    def snapshot(cls, loader: DataLoader) -> _Place:
+        generator, own = loader.generator, _sampler_generator(loader)
+        return cls(
+            generator_state=None if generator is None else generator.get_state(),
+            sampler_generator_state=None if own is None else own.get_state(),
+            global_rng_state=torch.get_rng_state() if generator is None else None,
+        )
+
+    def resumed(self, epoch_offset: int) -> _Place:
+        return _Place(**{**vars(self), "epoch_offset": epoch_offset})
+
+    def restore_generators(self, loader: DataLoader) -> None:
+        """Set the loader's and its sampler's generators to the states recorded."""
+        own = _sampler_generator(loader)
+        if loader.generator is not None and self.generator_state is not None:
+            loader.generator.set_state(self.generator_state)
+        if own is not None and self.sampler_generator_state is not None:
+            own.set_state(self.sampler_generator_state)
+
+    def finished(self, loader: DataLoader) -> None:
+        """The epoch ended: the next starts from the generators' states now."""
+        now = _Place.snapshot(loader)
+        self.in_epoch = False
+        self.generator_state = now.generator_state
+        self.sampler_generator_state = now.sampler_generator_state
+        self.global_rng_state = None  # the script's own, between epochs
+        if loader.persistent_workers:
+            self.epoch_offset += 1  # the next epoch keeps the base seed
+        else:
+            self.base_seed = None  # drawn anew
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"format": _STATE_FORMAT, **vars(self)}
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> _Place:
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(
+                "agents.torch.DataLoader.load_state_dict() takes what its state_dict() gave "
+                f"(format {_STATE_FORMAT!r}); this one is another's (torchdata's "
+                "StatefulDataLoader's?), whose resume it cannot repeat: see docs/reliability.md"
+            )
+        fields = {key: value for key, value in state.items() if key != "format"}
+        return cls(**fields)
+
+
+def _sampler_generator(loader: DataLoader) -> torch.Generator | None:
+    """The sampler's own generator, where it is not the loader's."""
+    own = getattr(loader.sampler, "generator", None)
+    if isinstance(own, torch.Generator) and own is not loader.generator:
+        return own
+    return None
+
+
+@contextlib.contextmanager
+def _sampler_rng(loader: DataLoader, place: _Place | None) -> Iterator[None]:
+    """The sampler's generators set back to where the checkpointed epoch's sampler began
+    (``place``; ``None``: left as they are); torch's global generator, where the loader has
+    none, is left after as it was."""
+    if place is None:
+        yield
+        return
+    place.restore_generators(loader)
+    if loader.generator is not None or place.global_rng_state is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(place.global_rng_state)
+        yield
+
+
 class _EpochIterator:
     """The iterator of one epoch: batches in order, ``timeout`` on each wait, pinning."""
 
@@ -650,27 +892,38 @@ class _EpochIterator:
     ) -> None:
         self.loader = loader
         self.receiver = receiver
-        self.epoch = epoch
         self._timeout = loader.timeout
         self._pin = loader._pin
         self._stats = loader._stats
-        self._done = False
-        self._superseded = False
-        self._closed_early = False
         self._readers = loader._readers
-        self._readers_ended: set[int] = set()
         self._owner_pid = os.getpid()
-        # torch's NOTE [ IterableDataset and __len__ ]: once len(loader) was asked, each batch
-        # past the dataset's len() warns (torch compares the batches with the samples).
         self._iterable = loader._iterable
         self._num_workers = loader.num_workers
-        self._len_called = loader._IterableDataset_len_called
+        self._begin_epoch(epoch, epoch_seed)
+
+    def _begin_epoch(self, epoch: int, epoch_seed: int) -> None:
+        """Read ``epoch`` from its start (a persistent loader's iterator, handed out again
+        by ``iter()``, as torch's ``_reset``; what is left of the epoch before is dropped)."""
+        self.epoch = epoch
+        self._done = False
+        self._closed_early = False
+        self._readers_ended: set[int] = set()
+        # torch's NOTE [ IterableDataset and __len__ ]: once len(loader) was asked, each batch
+        # past the dataset's len() warns (torch compares the batches with the samples).
+        self._len_called = self.loader._IterableDataset_len_called
         self._num_yielded = 0
+        self._place: _Place | None = None  # set by DataLoader.__iter__
         # Several readers of an IterableDataset take turns, as torch's workers do (with
         # in_order=False too, where torch yields whichever batch is ready first).
         self._turns: _ReaderTurns | None = None
         if self._iterable and self._readers > 1:
-            self._turns = _ReaderTurns(self._readers, epoch_seed, 4 * loader._queue_size)
+            # Held at most: each reader's batches ahead of its turn (Read skips past them),
+            # and 4 x the queue as before for what a skipping reader may still read (Read's
+            # SKIP_LIMIT_S).
+            most_held = max(4 * self.loader._queue_size,
+                            self._readers * (self.loader._reader_ahead + 1))  # fmt: skip
+            self._turns = _ReaderTurns(self._readers, epoch_seed, most_held,
+                                       self.receiver.pipeline.source.handed, epoch)  # fmt: skip
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -680,14 +933,6 @@ class _EpochIterator:
 
     def __next__(self) -> Any:
         if self._done:
-            if self._superseded:
-                # Ending quietly would cut this epoch short without a word (zip(loader,
-                # loader) would yield nothing): say why there is no next batch.
-                raise RuntimeError(
-                    "this DataLoader iterator was ended by a newer iter() of the same loader: "
-                    "with persistent_workers=True, agents.torch.DataLoader runs one iteration "
-                    "at a time (its one pipeline serves one epoch at a time)"
-                )
             if self._closed_early:
                 # As for a newer iter(): an epoch cut short must not look like a whole one.
                 raise PipelineStopped(
@@ -736,7 +981,13 @@ class _EpochIterator:
             # As torch's iterator: the failed batch raises, and the next call goes on with
             # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
+            self._placed()  # a checkpoint after it resumes past it
             raise as_raised_type(exc) from exc.__cause__
+        except RuntimeError as exc:
+            self._stats.taken(0)
+            if "timed out after" not in str(exc):
+                raise
+            raise RuntimeError(f"{exc}{self._inside_init()}") from exc.__cause__
         except BaseException:
             self._stats.taken(0)
             raise
@@ -746,10 +997,13 @@ class _EpochIterator:
             raise StageFailed(stage, -1, payload.error, "(the reader's replacement found it)\n")
         if isinstance(payload, EpochEnd):
             self._stats.taken(0, batch=False)
+            if self._place is not None:
+                self._place.finished(self.loader)
             self._finish()
             raise StopIteration
         if isinstance(payload, SamplerFailed):
             self._stats.taken(0)
+            self._placed()
             failure = StageFailed("sampler", -1, payload.error, payload.traceback_text,
                                   payload.error_type)  # fmt: skip
             raise as_raised_type(failure)
@@ -759,11 +1013,28 @@ class _EpochIterator:
             payload = pin_memory(payload)
         self._stats.taken(samples)
         self._num_yielded += 1
+        self._placed()
         if self._iterable and self._len_called is not None:
             if self._num_yielded > self._len_called:
                 _warn_past_len(self.loader.dataset, self._len_called, self._num_yielded,
                                self._num_workers)  # fmt: skip
         return payload
+
+    def _placed(self) -> None:
+        """One more of the sampler's batches handed out (or raised) for ``state_dict()``."""
+        if self._place is not None:
+            self._place.num_yielded += 1
+
+    def _inside_init(self) -> str:
+        """What a timeout's error adds: the workers still inside ``worker_init_fn``."""
+        watch = getattr(self.receiver.pipeline.source, "init_watch", None)
+        if watch is None:
+            return ""
+        inside = watch.inside()
+        if not inside:
+            return ""
+        named = ", ".join(f"worker {worker} (pid {pid})" for worker, pid in sorted(inside))
+        return f"; still inside worker_init_fn: {named}, whose batches wait on it"
 
     def _finish(self, collected: bool = False) -> None:
         # Ctrl-C held: cut between the two, the epoch read as ended and its workers ran on.
@@ -772,11 +1043,10 @@ class _EpochIterator:
                 self._done = True
                 self.loader._epoch_finished(self, collected)
 
-    def close(self, superseded: bool = False) -> None:
-        """End this epoch early (its remaining batches are dropped); ``superseded``: by a
-        newer ``iter()``, which a later ``next()`` on this one then reports."""
-        self._superseded = self._superseded or (superseded and not self._done)
-        self._closed_early = self._closed_early or (not superseded and not self._done)
+    def close(self) -> None:
+        """End this epoch early (its remaining batches are dropped), which a later
+        ``next()`` on this one then reports."""
+        self._closed_early = self._closed_early or not self._done
         self._finish()
 
     def __del__(self) -> None:
@@ -812,7 +1082,16 @@ class _ReaderTurns:
     # failed was counted by its reader (the next one's seed is one further on).
     LOOK_AHEAD = 8
 
-    def __init__(self, readers: int, epoch_seed: int, most_held: int) -> None:
+    def __init__(
+        self, readers: int, epoch_seed: int, most_held: int, handed: Any = None, epoch: int = 0
+    ) -> None:
+        # Each reader's batches handed out this epoch, told to the readers (Read): zeroed
+        # before the epoch is named, so that a reader never reads another epoch's counts.
+        self._handed = handed
+        if handed is not None:
+            for reader in range(readers):
+                handed[1 + reader] = 0
+            handed[0] = epoch
         self._epoch_seed = epoch_seed
         self._most_held = max(1, most_held)
         self._held: list[collections.deque] = [collections.deque() for _ in range(readers)]
@@ -843,16 +1122,22 @@ class _ReaderTurns:
             return self._unknown.popleft()
         if sum(len(held) for held in self._held) > self._most_held:
             oldest = min((held[0][0], r) for r, held in enumerate(self._held) if held)[1]
-            return self._held[oldest].popleft()[1:]
+            return self._hand(oldest)
         for _ in range(len(self._held)):
             reader = self._turn
             if self._held[reader]:
                 self._turn = (reader + 1) % len(self._held)
-                return self._held[reader].popleft()[1:]
+                return self._hand(reader)
             if not self._ended[reader]:
                 return None
             self._turn = (reader + 1) % len(self._held)  # ended: out of the turns
         return None
+
+    def _hand(self, reader: int) -> tuple[int, Any]:
+        """Hand out ``reader``'s oldest held batch, and tell the reader."""
+        if self._handed is not None:
+            self._handed[1 + reader] += 1
+        return self._held[reader].popleft()[1:]
 
     def ended(self) -> bool:
         """Every reader's share ended and was handed out."""
@@ -1046,6 +1331,12 @@ class _PlanSource:
         # (first source number, epoch) at each change of epoch: which epoch a failed item
         # belonged to (a failure carries no payload, so no epoch tag of its own).
         self._starts: list[tuple[int, int]] = []
+        # An IterableDataset's readers' count of their batches the consumer handed out
+        # (agents.torch.steps.Read), written by the consumer's _ReaderTurns; None: none.
+        self.handed: Any = None
+        # The workers inside worker_init_fn (agents.torch.steps.InitWatch; None: no
+        # worker_init_fn), named in a timeout's error.
+        self.init_watch: Any = None
 
     def __call__(self) -> Iterator[Item]:
         if self.plans is None:

@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,9 +128,99 @@ _set_up_in: int | None = None
 _init_failed: tuple[int, BaseException] | None = None
 
 
+# Deaths in worker_init_fn after which a pipeline's new workers no longer run it (see
+# InitWatch): one retry, for a worker killed from outside while in it (the OOM killer).
+INIT_DEATHS_LIMIT = 2
+
+
+class InitWatch:
+    """Which of a pipeline's workers are inside ``worker_init_fn`` now, and how many died
+    there: shared by the pipeline's processes (arrays and a lock inherited by fork).
+
+    torch's worker that exits in ``worker_init_fn`` (``sys.exit``, ``os._exit``, a crash) is
+    dead, and its iterator raises "DataLoader worker (pid(s) ...) exited unexpectedly". Ours
+    are started again by the runtime, and the replacement ran ``worker_init_fn`` again, died
+    again, for ever: every worker dying as it started, with no item lost by most deaths, no
+    item ever failed and the epoch never ended (a map-style loader with split stages gave no
+    outcome in 120 s). So each worker marks itself here while in ``worker_init_fn``; a worker
+    that finds ``INIT_DEATHS_LIMIT`` marks of dead processes does not run it, and fails every
+    batch it takes with an error naming the dead worker, as a worker whose ``worker_init_fn``
+    raised does (a batch ends, an end of epoch passes): the epoch ends, with errors.
+
+    Only deaths that say something of ``worker_init_fn`` count: a worker that dies with its
+    launcher (killed, or the OOM killer's pick: the runtime starts another launcher and its
+    workers) is not counted, and a worker that comes out of ``worker_init_fn`` sets the count
+    back to 0 (the deaths must come in a row). Otherwise a slow ``worker_init_fn`` in a
+    persistent loader whose workers were killed from outside a few times while in it failed
+    every later batch of every epoch."""
+
+    SLOTS = 256  # workers inside worker_init_fn at once that are watched (more: not marked)
+
+    def __init__(self, readers: int = 0) -> None:
+        self.readers = readers  # worker ids below it are an IterableDataset's readers
+        context = multiprocessing.get_context("fork")
+        # (pid, worker id, launcher pid) of a worker in init, or 0s
+        self.marks = context.RawArray("q", 3 * self.SLOTS)
+        self.deaths = context.RawArray("q", 3)  # count, first dead pid, its worker id
+        self.lock = ProcessLock("the loader's table of workers in worker_init_fn", timeout=60)
+
+    def entering(self, worker_id: int) -> int | None:
+        """Mark this process as inside ``worker_init_fn``; the mark's place (``None``: no
+        free place)."""
+        with self.lock:
+            for place in range(self.SLOTS):
+                if self.marks[3 * place] == 0:
+                    self.marks[3 * place] = os.getpid()
+                    self.marks[3 * place + 1] = worker_id
+                    self.marks[3 * place + 2] = os.getppid()
+                    return place
+        return None
+
+    def left(self, place: int | None) -> None:
+        """This process came out of ``worker_init_fn`` (returned or raised): the deaths so
+        far were not in a row."""
+        if place is None:
+            return
+        with self.lock:
+            if self.marks[3 * place] == os.getpid():
+                self.marks[3 * place] = 0
+            self.deaths[0] = 0
+
+    def died(self) -> int:
+        """How many workers died inside ``worker_init_fn`` (counting the newly found)."""
+        with self.lock:
+            for place in range(self.SLOTS):
+                pid = self.marks[3 * place]
+                if pid and pid != os.getpid() and not _alive(pid):
+                    self.marks[3 * place] = 0
+                    if not _alive(self.marks[3 * place + 2]):
+                        continue  # died with its launcher: says nothing of worker_init_fn
+                    if self.deaths[0] == 0:
+                        self.deaths[1], self.deaths[2] = pid, self.marks[3 * place + 1]
+                    self.deaths[0] += 1
+            return int(self.deaths[0])
+
+    def inside(self) -> list[tuple[int, int]]:
+        """``(worker id, pid)`` of the live workers inside ``worker_init_fn`` now."""
+        marks = [(self.marks[3 * p + 1], self.marks[3 * p]) for p in range(self.SLOTS)]
+        return [(worker, pid) for worker, pid in marks if pid and _alive(pid)]
+
+    def error(self, worker_id: int) -> RuntimeError:
+        """The error this worker fails its batches with, naming the first dead one."""
+        count, pid, dead = int(self.deaths[0]), int(self.deaths[1]), int(self.deaths[2])
+        which = f"reader {dead} of the IterableDataset, " if dead < self.readers else ""
+        return RuntimeError(
+            f"DataLoader worker {dead} ({which}pid {pid}) exited unexpectedly in its "
+            f"worker_init_fn: {count} worker processes of this loader died there, so worker "
+            f"{worker_id} does not run it and fails every batch it takes (torch's worker dies "
+            "and its iterator raises)"
+        )
+
+
 @dataclass
 class WorkerSetup:
-    """What a worker process does before its first item, as torch's DataLoader workers do:
+    """What a worker process does as it starts (``StartWorker``, the stages' ``init``), as
+    torch's DataLoader workers do:
     seed ``random``, torch and numpy from ``base_seed`` and the worker's id, set
     ``torch.utils.data.get_worker_info()``, then call ``worker_init_fn(worker_id)``.
 
@@ -157,6 +248,8 @@ class WorkerSetup:
     counter: Any = None
     as_workers: bool = True
     repeatable: bool = False
+    # The pipeline's workers in worker_init_fn (None: not watched).
+    watch: InitWatch | None = None
     _pid: int = field(default_factory=os.getpid)
 
     def ensure(self, worker_id: int | None = None) -> None:
@@ -183,12 +276,28 @@ class WorkerSetup:
         if not self.as_workers:
             return
         _set_worker_info(worker_id, num_workers, seed, self.dataset)
-        if self.worker_init_fn is not None:
-            try:
-                self.worker_init_fn(worker_id)
-            except BaseException as exc:
-                _init_failed = (os.getpid(), exc)
-                raise
+        if self.worker_init_fn is None:
+            return
+        watch = self.watch
+        if watch is not None and watch.died() >= INIT_DEATHS_LIMIT:
+            exc = watch.error(worker_id)
+            _init_failed = (os.getpid(), exc)
+            raise exc
+        place = watch.entering(worker_id) if watch is not None else None
+        try:
+            self.worker_init_fn(worker_id)
+        except Exception as exc:
+            # Not a death: the worker lives on and fails its batches with it, as torch's.
+            if watch is not None:
+                watch.left(place)
+            _init_failed = (os.getpid(), exc)
+            raise
+        except BaseException:
+            # sys.exit, KeyboardInterrupt: the worker dies (as torch's), its mark left for
+            # the others to count.
+            raise
+        if watch is not None:
+            watch.left(place)
 
     def _identity(self) -> tuple[int, int]:
         if self.counter is None:
@@ -290,6 +399,49 @@ class Step:
         return epoch, samples, payload, seed
 
 
+@dataclass(frozen=True)
+class StartWorker:
+    """A stage's per-worker setup (``Stage.init``): set the worker up as it starts, as
+    torch's workers run ``worker_init_fn`` at their start, not before their first batch (a
+    worker that never got one never ran it: files, connections, thread counts a
+    ``worker_init_fn`` sets up were missing in it). ``read``: the ``read`` stage's, whose
+    worker is the reader it claims (its worker id). What ``worker_init_fn`` raised fails
+    each batch the worker takes (``WorkerSetup.ensure``), an end of epoch passing; an exit in
+    it kills the worker, as torch's (``InitWatch``)."""
+
+    setup: WorkerSetup
+    read: Any = None  # the stage's Read, for the read stage
+
+    def __call__(self, slot: int) -> None:
+        """Set up the worker in ``slot`` of its stage."""
+        worker_id = None
+        if self.read is not None:
+            set_reader_slot(slot)
+            worker_id = self.read.claim()
+            if worker_id < 0:
+                return  # the first tick says so (Read.__call__)
+        try:
+            self.setup.ensure(worker_id=worker_id)
+        except Exception:  # noqa: BLE001 - kept by ensure; each batch raises it
+            pass
+
+
+# How long a reader ahead of the consumer answers its ticks with Skipped on end before it
+# forgives itself the excess and reads on (Read): only a batch the consumer could not tell
+# whose it was (more failed batches of one reader in a row than _ReaderTurns.LOOK_AHEAD)
+# leaves it ahead for good; or the loop is away that long.
+SKIP_LIMIT_S = 5.0
+# The longest a reader ahead of the consumer watches for the consumer's count to move before
+# it answers a tick with Skipped (Read._ahead_of_consumer).
+SKIP_WAIT_S = 0.002
+
+# How long a reader process that found every reader number taken waits at a tick for one to
+# be freed (Read.claim): a worker the pipeline gave up on (its launcher stopped past the
+# request's timeout) but the launcher forked later holds one until the pipeline closes its
+# pipes, within the monitor's next rounds.
+CLAIM_WAIT_S = 5.0
+CLAIM_POLL_S = 0.01
+
 # This process's slot in the ``read`` stage (``Stage.init`` sets it): which reader it is.
 _reader_slot = 0
 
@@ -322,7 +474,21 @@ class Read:
 
     ``begun`` (a shared array, one entry per reader) records the last epoch each reader began:
     a reader process started again in the middle of an epoch (its predecessor died) cannot
-    know where that one was, so it fails the epoch instead of reading its share twice."""
+    know where that one was, so it fails the epoch instead of reading its share twice.
+
+    ``handed`` (a shared array: the epoch, then per reader how many of its batches of that
+    epoch the consumer has handed out, which the consumer's ``_ReaderTurns`` writes): a
+    reader ``ahead`` batches or more ahead of the consumer answers its tick with ``Skipped``
+    rather than read on, as torch's worker gets no index past ``prefetch_factor`` batches
+    ahead. Never waiting: the pipeline hands answers out in tick order, and a reader holding
+    a tick would hold back the slow reader's batches behind it. So however slow one reader
+    is, the others' batches wait in the consumer for their turn by at most ``ahead`` each, and
+    the epoch holds torch's order. Before, the others read on, and past the consumer's bound
+    (4 x the queue) the batch held longest went out of turn: torch's order up to batch 6 of
+    60 with one reader 10 ms a row slower. A reader that has skipped for ``SKIP_LIMIT_S`` on
+    end forgives itself the excess and reads on (the consumer's bound holds, as before): what
+    it waits for may never come (a batch the consumer could not tell whose it was), or the
+    training loop is away (a validation pass)."""
 
     def __init__(
         self,
@@ -332,6 +498,8 @@ class Read:
         setup: WorkerSetup,
         readers: int = 1,
         begun: Any = None,
+        handed: Any = None,
+        ahead: int = 2,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
@@ -339,6 +507,8 @@ class Read:
         self.setup = setup
         self.readers = readers
         self.begun = begun
+        self.handed = handed
+        self.ahead = max(1, ahead)
         # Which reader each process is (its pid, 0: none yet): a reader that replaces a dead
         # one takes over the dead one's share (and worker id), whatever the runtime's slot.
         self.owners = multiprocessing.get_context("fork").RawArray("q", readers)
@@ -354,13 +524,15 @@ class Read:
         # The (epoch, number) of the last tick this process answered (see Skipped).
         self._answered: tuple[int, int] | None = None
         self._batches_read = 0  # of this reader's share of the current epoch
+        self._produced = 0  # of those, the batches it gave (not the ones that raised)
+        self._skipping_since: float | None = None
+        self._skips = 0  # ticks skipped in a row
+        self._forgiven = 0  # batches no longer counted as ahead (SKIP_LIMIT_S)
 
     def __call__(self, tick: Item) -> Item:
         """Read this reader's next item of the tick's epoch."""
         epoch, _, number, epoch_seed = tick
-        if self._reader is None:
-            self._reader = self._claim(_reader_slot)
-        reader = self._reader
+        reader = self.claim(CLAIM_WAIT_S)
         if reader < 0:
             raise RuntimeError(
                 f"a reader process of the IterableDataset started (slot {_reader_slot}) while "
@@ -379,13 +551,14 @@ class Read:
             # gives its error once and then the end of its share, as a generator that raised.
             # Before, every next tick raised again, and a loop that skips failed batches never
             # saw the epoch end.
-            # The epoch is recorded as begun before worker_init_fn runs: a reader whose
-            # worker_init_fn kills its process died in the epoch, and its replacement (which
-            # would die the same way) ends the share with one error instead of running it
-            # again. Before, every replacement died before recording it, each tick failed
-            # (WorkerDied) and no reader lived to end the share: an endless epoch of errors.
+            # worker_init_fn ran as the process started (StartWorker); one that kills the
+            # process is InitWatch's: after two such deaths the replacement does not run it,
+            # and gives its error here once, then the end of its share. Before (when it ran
+            # here), every replacement died, each tick failed (WorkerDied) and no reader
+            # lived to end the share: an endless epoch of errors.
             self._epoch, self._ended, self._iterator = epoch, True, None
-            self._batches_read = 0
+            self._batches_read = self._produced = self._forgiven = 0
+            self._skipping_since = None
             self._lost = self._begin(epoch, reader)
             if not self._lost:
                 self.setup.ensure(worker_id=reader)
@@ -396,22 +569,88 @@ class Read:
         end = (epoch, 0, EpochEnd(epoch, reader, self._lost), 0)
         if self._ended:
             return end
+        if self._ahead_of_consumer(epoch, reader):
+            return epoch, 0, Skipped(), 0
         seed = fold(epoch_seed, reader, self._batches_read)
         self._batches_read += 1
         if self.setup.repeatable:
             seed_generators(fold(seed, 0))
         if self.batch_size is None:
             try:
-                return epoch, 1, next(self._iterator), seed
+                sample = next(self._iterator)
             except StopIteration:
                 self._ended = True
                 return end
+            self._produced += 1
+            return epoch, 1, sample, seed
         samples = list(itertools.islice(self._iterator, self.batch_size))
         if len(samples) < self.batch_size:
             self._ended = True
             if not samples or self.drop_last:
                 return end
+        self._produced += 1
         return epoch, len(samples), samples, seed
+
+    def _ahead_of_consumer(self, epoch: int, reader: int) -> bool:
+        """Whether this reader is ``ahead`` batches or more ahead of the consumer in
+        ``epoch`` (and has not skipped for ``SKIP_LIMIT_S`` on end)."""
+        handed = self.handed
+        if handed is None:
+            return False
+        now = time.monotonic()
+        if self._skipping_since is None:
+            if self._lead(epoch, reader) < self.ahead:
+                return False
+            self._skipping_since, self._skips = now, 0
+        if now - self._skipping_since >= SKIP_LIMIT_S:
+            # Forgive the excess and read on: the rule holds again from here (a count that
+            # never catches up cost 5 s once, not 5 s a batch, nor the rule for the epoch).
+            self._forgiven += self._lead(epoch, reader) - (self.ahead - 1)
+            self._skipping_since = None
+            return False
+        # A skip costs a tick's round trip through the pipeline (about 0.3 ms of CPU over
+        # the processes): a reader that keeps skipping first watches the consumer's count a
+        # little, up to SKIP_WAIT_S, reading at once if it moves. Bounded, so that a slow
+        # reader's batch in the next tick is held back by as much at most.
+        wait = min(SKIP_WAIT_S, 0.000125 * (1 << min(self._skips, 8)))
+        self._skips += 1
+        deadline = now + wait
+        while True:
+            if self._lead(epoch, reader) < self.ahead:
+                self._skipping_since = None
+                return False
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.0002)
+
+    def _lead(self, epoch: int, reader: int) -> int:
+        """How many of this reader's batches of ``epoch`` the consumer has not handed out
+        (less those forgiven after ``SKIP_LIMIT_S``)."""
+        handed = self.handed
+        taken = int(handed[1 + reader]) if handed[0] == epoch else 0
+        return self._produced - self._forgiven - taken
+
+    def claim(self, wait_s: float = 0.0) -> int:
+        """The reader this process is (claimed at its start, ``StartWorker``); -1: none yet,
+        after waiting up to ``wait_s`` for a reader's process to leave.
+
+        A failed claim is not kept: every reader may look alive for a while after a death.
+        A worker whose start the pipeline gave up (the launcher stopped past its request
+        timeout) is still forked once the launcher runs again, claims the dead reader's
+        number, and leaves only when the pipeline closes its pipes; the replacement started
+        meanwhile found no reader free. Kept, that -1 failed its every tick (a "bug of
+        agents.torch" for each), the dead reader's share never ended, and the epoch waited
+        for ever (``tests.agents.torch.hunt --replay 90028``)."""
+        if self._reader is None or self._reader < 0:
+            deadline = time.monotonic() + max(0.0, wait_s)
+            while True:
+                reader = self._claim(_reader_slot)
+                if reader >= 0 or time.monotonic() >= deadline:
+                    break
+                time.sleep(CLAIM_POLL_S)
+            self._reader = reader if reader >= 0 else None
+            return reader
+        return self._reader
 
     def _claim(self, slot: int) -> int:
         """The reader this process is: its slot's, if free, else one whose process died.

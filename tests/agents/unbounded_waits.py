@@ -121,7 +121,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the fork is what FORK_LOCK is held for: no fork of ours copies pipe ends that are "
         "being handed to a worker; a fork copies the process and waits for nothing"
     ),
-    ("agents/pipeline/zygote.py", "Zygote.spawn", "with self._lock: socket.send_fds"): (
+    ("agents/pipeline/zygote.py", "Zygote.request", "with self._lock: socket.send_fds"): (
         "one request to the launcher at a time (the answers are numbered in order): the "
         "socket's timeout (_REQUEST_TIMEOUT_S, 10 s) bounds the send, and the launcher only "
         "reads requests, so the send waits only when the launcher is gone"
@@ -129,7 +129,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("agents/pipeline/zygote.py", "Zygote.how_it_ended", "with self._lock: self._socket.recv"): (
         "MSG_DONTWAIT: never waits; it reads what a dead launcher left on its socket"
     ),
-    ("agents/pipeline/zygote.py", "Zygote.spawn", "with FORK_LOCK: socket.send_fds"): (
+    ("agents/pipeline/zygote.py", "Zygote.request", "with FORK_LOCK: socket.send_fds"): (
         "the pipe ends in flight must not be copied by another fork of ours until they are "
         "sent and closed here; bounded by the socket's timeout (_REQUEST_TIMEOUT_S, 10 s)"
     ),
@@ -199,8 +199,10 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "the socket's 10 s timeout) and closing them: see the ALLOWED entries"
     ),
     ("agents/pipeline/zygote.py", "Zygote._lock"): (
-        "one request to the launcher at a time: a send and the numbered answer, each bounded "
-        "by the socket's 10 s timeout (_answer_to gives up after _REQUEST_TIMEOUT_S)"
+        "one request to the launcher at a time (a send bounded by the socket's 10 s "
+        "timeout), and the answers read: answer() waits at most its wait_s (the pool's "
+        "START_WAIT_S, 0.5 s, or 0), in 0.05 s slices that look for a stop, each read "
+        "preceded by a select() saying it is there; forget() and behind() only touch dicts"
     ),
     ("agents/torch/auto.py", "_Tuned.lock"): (
         "intune-run's list of a process's loaders and its one agent: its holders append a weak "
@@ -228,6 +230,12 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
     ("agents/process_lock.py", "SharedCount._lock"): (
         "a ProcessLock held to read and set one integer (a worker's id as it starts, a count "
         "of skipped lines); its `with` raises TimeoutError after its timeout (60 s), and a "
+        "holder that dies frees it at once"
+    ),
+    ("agents/torch/steps.py", "InitWatch.lock"): (
+        "an agents.process_lock.ProcessLock held to set or clear one worker's mark, or to look "
+        "through the marks of the workers inside worker_init_fn (a read of /proc for each, "
+        "psutil), once per worker start; its `with` raises TimeoutError after 60 s, and a "
         "holder that dies frees it at once"
     ),
     ("agents/torch/steps.py", "Read.lock"): (

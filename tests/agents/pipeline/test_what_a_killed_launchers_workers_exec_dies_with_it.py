@@ -36,6 +36,8 @@ def _starts(command: str, tag: str):
             started.add(os.getpid())
             if command == "subprocess":
                 subprocess.Popen(["sleep", tag])
+            elif command == "cleared_env":  # no mark: found by the launcher's process group
+                subprocess.Popen(["sleep", tag], env={"PATH": os.environ.get("PATH", "")})
             else:  # a shell that waits on its own child
                 subprocess.Popen(["sh", "-c", f"sleep {tag}; true"])
         time.sleep(0.01)
@@ -89,6 +91,22 @@ def _orphans_within(tag: str, workers: set[int], seconds: float) -> list[int]:
     then=st.sampled_from(["go_on", "stop"]),
 )
 def test_what_a_killed_launchers_workers_exec_is_ended(workers, command, then):
+    _killed_launcher_case(workers, command, then)
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(workers=st.integers(1, 3), then=st.sampled_from(["go_on", "stop"]))
+def test_what_a_killed_launchers_workers_exec_with_a_cleared_environment_is_ended(workers, then):
+    # It carries no mark (env={...}); it is in the launcher's process group, which the
+    # pipeline SIGKILLs before it reaps the launcher. Before, it ran on under init.
+    _killed_launcher_case(workers, "cleared_env", then)
+
+
+def _killed_launcher_case(workers: int, command: str, then: str) -> None:
     tag = f"{1000 + uuid.uuid4().int % 9000}.{os.getpid() % 1000}"
     items = 60
     pipeline = Pipeline(

@@ -13,9 +13,11 @@ left. Tally in ``var/hunt-loader.json``.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,16 +29,21 @@ import torch
 from agents.pipeline import PipelineStopped, StageFailed
 from agents.torch import DataLoader
 from tests.agents.pipeline.hunt import hunt
+from tests.support.processes import still_running
 
 CASE_BOUND_S = 90.0
+AGENT_BOUND_S = 3.0  # the slowest metrics() the agent's thread may see
 warnings.filterwarnings("ignore", message="This DataLoader will create")
 
 
 class MapData(torch.utils.data.Dataset):
     """Rows ``0..n-1``, each a tensor holding its index; one may raise; each may sleep."""
 
-    def __init__(self, n: int, width: int, raise_at: int, sleep_ms: float) -> None:
+    def __init__(
+        self, n: int, width: int, raise_at: int, sleep_ms: float, row: str = "none", at: int = -1
+    ) -> None:
         self.n, self.width, self.raise_at, self.sleep_ms = n, width, raise_at, sleep_ms
+        self.row, self.at = row, at
 
     def __len__(self) -> int:
         return self.n
@@ -44,24 +51,50 @@ class MapData(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         if i == self.raise_at:
             raise ValueError(f"row {i} is bad")
+        odd = _odd_row(self.row, i, self.at)
+        if odd is _NONE:
+            return None  # default_collate refuses it: the epoch's error
+        if odd is _LOCK:
+            return threading.Lock()  # neither collated nor pickled: the epoch's error
         if self.sleep_ms:
             time.sleep(self.sleep_ms / 1000)
         return torch.full((self.width,), float(i))
 
 
 class IterData(torch.utils.data.IterableDataset):
-    """Rows ``0..n-1`` split among torch's workers (``get_worker_info``)."""
+    """Rows ``0..n-1`` split among torch's workers (``get_worker_info``); worker 0 sleeps
+    ``slow_ms`` more a row (a reader persistently slower than the others)."""
 
-    def __init__(self, n: int, width: int, sleep_ms: float) -> None:
-        self.n, self.width, self.sleep_ms = n, width, sleep_ms
+    def __init__(self, n: int, width: int, sleep_ms: float, slow_ms: float = 0.0) -> None:
+        self.n, self.width, self.sleep_ms, self.slow_ms = n, width, sleep_ms, slow_ms
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         k, of = (info.id, info.num_workers) if info is not None else (0, 1)
         for i in range(k, self.n, of):
-            if self.sleep_ms:
-                time.sleep(self.sleep_ms / 1000)
+            pause = self.sleep_ms + (self.slow_ms if k == 0 else 0.0)
+            if pause:
+                time.sleep(pause / 1000)
             yield torch.full((self.width,), float(i))
+
+
+def torchs_iterable_order(n: int, batch_size: int, drop_last: bool, workers: int) -> list[int]:
+    """The rows of ``IterData(n)`` in the order torch's loader yields them: each worker's
+    batches of its share, the workers in turns, a worker whose share ended dropping out."""
+    of = max(1, workers)
+    batches = []
+    for k in range(of):
+        share = list(range(k, n, of))
+        chunks = [share[i : i + batch_size] for i in range(0, len(share), batch_size)]
+        if drop_last and chunks and len(chunks[-1]) < batch_size:
+            chunks.pop()
+        batches.append(chunks)
+    rows: list[int] = []
+    for turn in range(max((len(c) for c in batches), default=0)):
+        for chunks in batches:
+            if turn < len(chunks):
+                rows.extend(chunks[turn])
+    return rows
 
 
 _INITS: dict[str, object] = {}
@@ -79,7 +112,55 @@ def init_raises(worker_id: int) -> None:
     raise RuntimeError(f"worker {worker_id} cannot start")
 
 
-INITS = {"none": None, "ok": init_ok, "slow": init_slow, "raises": init_raises}
+def init_exits(worker_id: int) -> None:
+    os._exit(3)  # every worker, as it starts
+
+
+def init_sysexit_0(worker_id: int) -> None:
+    if worker_id == 0:
+        sys.exit(4)
+
+
+def init_hangs_0(worker_id: int) -> None:
+    if worker_id == 0:
+        time.sleep(1000)  # the loader's timeout (HANG_TIMEOUT_S) bounds each wait on it
+
+
+HANG_TIMEOUT_S = 1.0
+
+INITS = {
+    "none": None, "ok": init_ok, "slow": init_slow, "raises": init_raises,
+    "exits": init_exits, "sysexit_0": init_sysexit_0, "hangs_0": init_hangs_0,
+}  # fmt: skip
+# What may fail or cut an epoch (its rows are not checked).
+FAILING_INITS = ("raises", "exits", "sysexit_0", "hangs_0")
+_HELD = threading.Lock()
+# Rows that make the epoch fail (a batch that cannot be collated or sent), so not checked.
+FAILING_ROWS = {"none_row", "unpicklable"}
+
+
+def _odd_row(row: str, i: int, at: int):
+    """What the row behaviours added on 2026-11-25 (hunt6) do to row ``i``: a row to return
+    instead of the usual one, or ``None``."""
+    in_worker = torch.utils.data.get_worker_info() is not None
+    if row == "lock":  # a lock held across a sleep
+        with _HELD:
+            time.sleep(0.002)
+    elif row == "subprocess" and i % 9 == 0:  # waits on a child it started
+        subprocess.run(["sleep", "0.01"], check=False)
+    elif row == "bg_subprocess" and i == at and in_worker:  # a child it never waits for
+        subprocess.Popen(["sleep", "30"])  # noqa: S603,S607
+    elif row == "thread" and i == at:  # a thread left running
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    elif row == "none_row" and i == at:
+        return _NONE
+    elif row == "unpicklable" and i == at:
+        return _LOCK
+    return None
+
+
+_NONE = object()
+_LOCK = object()
 
 
 def generate(rng: random.Random) -> dict:
@@ -91,7 +172,7 @@ def generate(rng: random.Random) -> dict:
         kind = rng.choice(
             ["take", "take", "apply", "kill", "stopcont", "kill_launcher", "stop_launcher",
              "break_new", "close_thread", "sigint", "epoch", "sleep", "flurry",
-             "sigint_close", "sigint_iter"]
+             "sigint_close", "sigint_iter", "zip"]
         )  # fmt: skip
         if kind == "take":
             ops.append(["take", rng.randint(1, 10)])
@@ -103,6 +184,8 @@ def generate(rng: random.Random) -> dict:
             ops.append(["sleep", rng.choice([0.05, 0.3])])
         elif kind == "flurry":
             ops.append(["flurry", rng.randint(2, 8)])
+        elif kind == "zip":
+            ops.append(["zip", rng.randint(0, 6)])
         elif kind in ("sigint_close", "sigint_iter"):
             ops.append([kind, rng.choice([0.0, 0.005, 0.02, 0.1, 0.3])])
         else:
@@ -115,13 +198,40 @@ def generate(rng: random.Random) -> dict:
         "num_workers": rng.choice([0, 1, 2, 3]),
         "persistent": rng.random() < 0.5,
         "fuse": rng.choice(["auto", "auto", None]),
-        "init": rng.choice(["none", "none", "ok", "slow", "raises"]),
+        "init": rng.choice(
+            ["none", "none", "ok", "slow", "raises", "exits", "sysexit_0", "hangs_0"]
+        ),
         "raise_at": rng.randint(0, n) if rng.random() < 0.2 else -1,
         "sleep_ms": rng.choice([0.0, 0.0, 1.0, 5.0]),
+        "slow_ms": rng.choice([0.0, 0.0, 3.0, 10.0]),
         "timeout": rng.choice([0, 0, 20]),
         "drop_last": rng.random() < 0.2,
         "ops": ops,
         "agent": rng.random() < 0.5,
+        **_generate_more(rng, n, ops),
+    }
+
+
+def _generate_more(rng: random.Random, n: int, ops: list) -> dict:
+    """The dimensions added on 2026-11-25 (hunt6), drawn after the others so that each
+    earlier seed keeps its case: rows that block on a lock or a subprocess, leave a
+    subprocess or a thread behind, are ``None`` or cannot be pickled; SIGTERM to a worker; a
+    launcher stopped past its request timeout while the loop resizes; the agent's slowest
+    ``metrics()`` bounded; a loader dropped without ``close()`` (the collector's to end)."""
+    for _ in range(rng.randint(0, 2)):
+        at = rng.randrange(len(ops) + 1)
+        if rng.random() < 0.5:
+            ops.insert(at, ["sigterm"])
+        else:
+            ops.insert(at, ["stop_launcher", 12.0])
+            ops.insert(at + 1, ["apply", rng.randint(2, 4)])
+    return {
+        "row": rng.choice(
+            ["none"] * 6
+            + ["lock", "subprocess", "bg_subprocess", "thread", "none_row", "unpicklable"]
+        ),
+        "row_at": rng.randint(0, max(n - 1, 0)),
+        "drop": rng.random() < 0.15,
     }
 
 
@@ -151,9 +261,16 @@ def _later(seconds: float, fn, *args) -> None:
 def run_case(case: dict, log: list) -> None:
     """Run one case; raise on a wrong result."""
     if case["iterable"]:
-        dataset = IterData(case["n"], case["width"], case["sleep_ms"])
+        dataset = IterData(case["n"], case["width"], case["sleep_ms"], case.get("slow_ms", 0.0))
     else:
-        dataset = MapData(case["n"], case["width"], case["raise_at"], case["sleep_ms"])
+        dataset = MapData(
+            case["n"],
+            case["width"],
+            case["raise_at"],
+            case["sleep_ms"],
+            case.get("row", "none"),
+            case.get("row_at", -1),
+        )
     loader = DataLoader(
         dataset,
         batch_size=case["batch_size"],
@@ -161,7 +278,9 @@ def run_case(case: dict, log: list) -> None:
         persistent_workers=case["persistent"] and case["num_workers"] > 0,
         worker_init_fn=INITS[case["init"]],
         fuse=case["fuse"],
-        timeout=case["timeout"],
+        # A worker_init_fn that hangs holds its worker's batches as torch's does: the
+        # loader's timeout bounds each wait on them, as torch's.
+        timeout=HANG_TIMEOUT_S if case["init"] == "hangs_0" else case["timeout"],
         drop_last=case["drop_last"],
     )
     me = psutil.Process()
@@ -181,9 +300,12 @@ def run_case(case: dict, log: list) -> None:
                 check_epoch()
                 iterator = None
                 return False
-            except (StageFailed, ValueError, RuntimeError, PipelineStopped) as exc:
-                errors.append(type(exc).__name__)
-                if isinstance(exc, PipelineStopped) or "ended by" in str(exc):
+            except (StageFailed, ValueError, RuntimeError, PipelineStopped, TypeError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}"[:400])
+                hung = case["init"] == "hangs_0" and "timed out after" in str(exc)
+                if isinstance(exc, PipelineStopped) or "ended by" in str(exc) or hung:
+                    # A hung worker_init_fn: its worker's batches never come (torch's
+                    # neither); the epoch is left.
                     iterator = None
                     return False
                 continue
@@ -191,18 +313,18 @@ def run_case(case: dict, log: list) -> None:
         return True
 
     def check_epoch() -> None:
-        if not clean or case["init"] == "raises" or case["raise_at"] >= 0:
+        failing = case.get("row") in FAILING_ROWS and not case["iterable"]
+        if not clean or case["init"] in FAILING_INITS or case["raise_at"] >= 0 or failing:
             rows.clear()
             return
         n, b = case["n"], case["batch_size"]
         expected = list(range(n - n % b if case["drop_last"] else n))
         if case["iterable"]:
-            if case["drop_last"]:
-                assert len(rows) == len(set(rows)), f"a row twice: {rows}"
-            else:
-                assert sorted(rows) == expected, f"rows {sorted(rows)} != {expected}"
+            # torch's turns, however slow reader 0 is (agents.torch.steps.Read).
+            turns = torchs_iterable_order(n, b, case["drop_last"], case["num_workers"])
+            assert rows == turns, f"rows {rows} != torch's {turns}"
         else:
-            assert rows == expected, f"rows {rows} != {expected}"
+            assert rows == expected, f"rows {rows} != {expected}; errors {errors[-3:]}"
         rows.clear()
 
     def new_epoch() -> None:
@@ -212,13 +334,16 @@ def run_case(case: dict, log: list) -> None:
 
     agent_stop = threading.Event()
     agent_errors: list[str] = []
+    agent_slowest = [0.0]
 
     def agent() -> None:
         # As the agent daemon: a sample every few ms, an allocation now and then.
         rng = random.Random(1)
         while not agent_stop.wait(rng.choice([0.005, 0.02, 0.1])):
             try:
+                began = time.monotonic()
                 loader.metrics()
+                agent_slowest[0] = max(agent_slowest[0], time.monotonic() - began)
                 loader.consumer_stats()
                 if rng.random() < 0.3:
                     loader.apply({rng.choice(loader.stage_names): rng.randint(1, 4)})
@@ -257,6 +382,11 @@ def run_case(case: dict, log: list) -> None:
                     else:
                         _signal(zygote.pid, signal.SIGSTOP)
                         _later(op[1], _signal, zygote.pid, signal.SIGCONT)
+            elif kind == "sigterm":
+                pids = _worker_pids(loader)
+                if pids:
+                    _signal(random.choice(pids), signal.SIGTERM)
+                    clean = clean and not case["iterable"]
             elif kind == "break_new":
                 if iterator is not None:
                     take(1)
@@ -281,7 +411,7 @@ def run_case(case: dict, log: list) -> None:
                             next(iterator)
                         except StopIteration:
                             break
-                        except (StageFailed, ValueError, RuntimeError):
+                        except (StageFailed, ValueError, RuntimeError, TypeError):
                             continue
                     time.sleep(0.5)
                 except KeyboardInterrupt:
@@ -304,6 +434,19 @@ def run_case(case: dict, log: list) -> None:
                     log.append("interrupted")
                 iterator = None
                 rows.clear()
+            elif kind == "zip":
+                # Two iterators at once: each its own epoch, or (persistent) the same one,
+                # reset, as torch's; left after op[1] pairs.
+                pairs = 0
+                try:
+                    for _pair in zip(loader, loader, strict=False):
+                        pairs += 1
+                        if pairs >= op[1]:
+                            break
+                except (StageFailed, ValueError, RuntimeError, PipelineStopped) as exc:
+                    errors.append(type(exc).__name__)
+                iterator = None
+                rows.clear()
             elif kind == "flurry":
                 # Epochs begun and left at once, one after the other.
                 for _ in range(op[1]):
@@ -320,17 +463,27 @@ def run_case(case: dict, log: list) -> None:
             assert not agent_thread.is_alive(), "the agent's thread is stuck in a call"
         began = time.monotonic()
         iterator = None
-        loader.close()
-        log.append(f"close {time.monotonic() - began:.2f}s errors={len(errors)}")
-    deadline = time.monotonic() + 5
+        if case.get("drop"):
+            # Dropped without close(): the collector ends its workers.
+            del loader, agent
+            gc.collect()
+            log.append(f"dropped errors={len(errors)}")
+        else:
+            loader.close()
+            log.append(f"close {time.monotonic() - began:.2f}s errors={len(errors)}")
+    deadline = time.monotonic() + (15 if case.get("drop") else 5)
     while time.monotonic() < deadline:
-        left = [c for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+        # A child may end between the listing and its status: still_running() allows for it.
+        left = still_running(c.pid for c in me.children(recursive=True))
         if not left:
             break
         time.sleep(0.1)
     assert not left, f"processes left after close(): {left}"
     odd = [e for e in agent_errors if "PipelineStopped" not in e]
     assert not odd, f"the agent's calls raised: {odd[:3]}"
+    # metrics() answers promptly whatever the launcher does (stopped past its timeout).
+    assert agent_slowest[0] < AGENT_BOUND_S, f"metrics() took {agent_slowest[0]:.1f} s"
+    log.append(f"agent {agent_slowest[0]:.2f}s")
 
 
 def main() -> None:

@@ -3,9 +3,12 @@ patch (``agents.torch.auto``) and without it: the same training script, its batc
 item for item. Each runs where its library is installed (the test extras pin torchdata and
 pytorch-lightning) and is skipped elsewhere.
 
-- torchdata 0.11 ``StatefulDataLoader`` (mid-epoch checkpoint and resume): it stays torch's,
-  and resumes where it left off. Before, its import raised ``TypeError`` and, once that was
-  fixed, the first iteration of any other loader raised ``AttributeError``.
+- torchdata 0.11 ``StatefulDataLoader`` (mid-epoch checkpoint and resume): over a map-style
+  dataset ours is built in its place (``agents.torch.StatefulDataLoader``, tuned; still an
+  instance of torchdata's class), gives torchdata's batches and resumes where it left off;
+  over an ``IterableDataset`` it stays torchdata's own. Before, its import raised
+  ``TypeError`` and, once that was fixed, the first iteration of any other loader raised
+  ``AttributeError``; then it was kept torch's, untuned, whatever its dataset.
 - PyTorch Lightning 2.6 ``Trainer.fit`` with ``train_dataloader()`` and ``val_dataloader()``
   hooks: the batches of every training and validation step are torch's, and the loader tuned
   is the training one (the sanity check iterates the validation loader before the training
@@ -60,10 +63,25 @@ STATEFUL = textwrap.dedent(
     resumed = make()
     resumed.load_state_dict(state)
     val = tud.DataLoader(Squares(), batch_size=16, num_workers=1)
+
+    class Stream(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    stream = StatefulDataLoader(Stream(), batch_size=3, num_workers=1)
+    sit = iter(stream)
+    head = [next(sit).tolist()]
+    stream_state = stream.state_dict()
+    stream_again = StatefulDataLoader(Stream(), batch_size=3, num_workers=1)
+    stream_again.load_state_dict(stream_state)
+    mro = lambda x: [c.__module__ for c in type(x).__mro__]
     print(json.dumps({
         "first": first, "rest": rest, "resumed": ids(resumed), "epoch2": ids(loader),
         "val": ids(val), "isinstance": isinstance(loader, tud.DataLoader),
-        "ours": "agents.torch.loader" in [c.__module__ for c in type(loader).__mro__],
+        "stateful": isinstance(loader, StatefulDataLoader),
+        "ours": "agents.torch.loader" in mro(loader),
+        "stream": head + [b.tolist() for b in stream_again],
+        "stream_ours": "agents.torch.loader" in mro(stream),
     }))
     """
 )
@@ -119,10 +137,11 @@ LIGHTNING = textwrap.dedent(
 )
 
 
-def _run(script: str, tmp_path: Path, patch: bool) -> tuple[dict, str]:
+def _run(script: str, tmp_path: Path, patch: bool, stateful: bool = False) -> tuple[dict, str]:
     path = tmp_path / "train.py"
     path.write_text(PATCH + script)
     env = os.environ | {"PATCH": "1" if patch else "0", "PYTHONPATH": str(ROOT)}
+    env["INTUNE_AUTO_STATEFUL"] = "1" if stateful else "0"  # intune-run --tune-stateful
     for name in ("INTUNE_URL", "INTUNE_HOST_ID", "INTUNE_AGENT_TOKEN"):
         env.pop(name, None)  # no control plane: the attach says which loader, and fails
     done = subprocess.run(
@@ -134,14 +153,32 @@ def _run(script: str, tmp_path: Path, patch: bool) -> tuple[dict, str]:
     return json.loads(lines[-1]), done.stderr
 
 
-def test_torchdatas_stateful_loader_stays_torchs_and_resumes_where_it_left_off(tmp_path):
+def test_torchdatas_stateful_loader_is_ours_over_a_map_dataset_and_resumes_as_torchdatas(
+    tmp_path,
+):
     pytest.importorskip("torchdata.stateful_dataloader")
     torchs, _ = _run(STATEFUL, tmp_path, patch=False)
-    ours, log = _run(STATEFUL, tmp_path, patch=True)
+    ours, log = _run(STATEFUL, tmp_path, patch=True, stateful=True)
+    assert not torchs["ours"] and ours["ours"]  # tuned: ours in its place
+    assert not ours["stream_ours"]  # an IterableDataset's: torchdata's own
+    for result in (torchs, ours):
+        result.pop("ours")
     assert ours == torchs
     assert ours["resumed"] == ours["rest"] and len(ours["first"] + ours["rest"]) == 16
-    assert not ours["ours"] and ours["isinstance"]
-    assert "StatefulDataLoader is not tuned (_get_iterator, __iter__" in log
+    assert ours["stream"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert ours["isinstance"] and ours["stateful"]
+    assert "StatefulDataLoader over a map-style dataset is tuned" in log
+    assert "StatefulDataLoader is kept, not tuned (an IterableDataset" in log
+
+
+def test_without_tune_stateful_torchdatas_stateful_loader_stays_torchdatas(tmp_path):
+    """Its checkpoints then stay torchdata's, which a run without intune-run reads."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    torchs, _ = _run(STATEFUL, tmp_path, patch=False)
+    kept, log = _run(STATEFUL, tmp_path, patch=True)
+    assert not kept["ours"] and not kept["stream_ours"]
+    assert kept == torchs
+    assert "StatefulDataLoader is kept, not tuned (its checkpoints stay torchdata's" in log
 
 
 def test_lightnings_fit_gives_torchs_batches_and_its_training_loader_is_the_one_tuned(tmp_path):
