@@ -32,9 +32,15 @@ import httpx
 import psutil
 
 from agents.budget import cpu_slots
+from agents.client import KEEPALIVE_S
 from webapp.stack.limits import raise_open_file_limit
 
-SHAPES = ("spread", "in-step")
+# spread: every agent starts at a random moment of the batch period, its long-poll too; in-step:
+# every agent sends its batches and re-arms its long-poll in the same instant; polls-in-step:
+# batches spread, long-polls all opened at once and each re-armed as soon as it returns (the
+# client of issue 14 written from docs/agent-protocol.md alone: a fleet's polls stay in step
+# after a restart of the control plane, whatever its batches do).
+SHAPES = ("spread", "in-step", "polls-in-step")
 # The HTTP client of each simulated agent: httpx (the real agent's) or aiohttp (lighter per
 # request; same requests, same latency window).
 CLIENTS = ("httpx", "aiohttp")
@@ -97,13 +103,20 @@ def _sample(seq: int, stages: list[str], version: int) -> dict:
 
 
 class HttpxAgentClient:
-    """One agent's httpx client (as the real agent uses). The SSL context is shared: httpx
-    builds one per client otherwise (24 ms of CPU each, measured: 48 s for 2,000 agents)."""
+    """One agent's httpx client, as the real agent's: its idle connections kept
+    ``agents.client.KEEPALIVE_S`` (httpx's default, 5 s, made a batch every 10 s open a
+    connection each). The SSL context is shared: httpx builds one per client otherwise (24 ms
+    of CPU each, measured: 48 s for 2,000 agents)."""
 
     error = httpx.HTTPError
 
     def __init__(self, url: str, ssl_context: ssl.SSLContext) -> None:
-        self.client = httpx.AsyncClient(base_url=url, timeout=30, verify=ssl_context)
+        self.client = httpx.AsyncClient(
+            base_url=url,
+            timeout=30,
+            verify=ssl_context,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
+        )
 
     async def post(self, path: str, content: bytes, headers: dict) -> tuple[int, str]:
         response = await self.client.post(path, content=content, headers=headers)
@@ -229,7 +242,7 @@ def _run_agents(
     long_poll: bool,
     batch_seconds: int,
     queue,
-    in_step: bool = False,
+    shape: str = "spread",
     long_poll_wait: float = 20,
     client_kind: str = "httpx",
     ready=None,
@@ -253,11 +266,11 @@ def _run_agents(
         try:
             deadline = time.monotonic() + seconds
             tasks = [
-                _agent(c, h, stages, deadline, stats, batch_seconds, in_step)
+                _agent(c, h, stages, deadline, stats, batch_seconds, shape == "in-step")
                 for c, h in zip(clients, hosts, strict=True)
             ]
             if long_poll:
-                spread = 0.0 if in_step else batch_seconds
+                spread = 0.0 if shape in ("in-step", "polls-in-step") else batch_seconds
                 tasks += [
                     _long_poll(c, h, deadline, spread, long_poll_wait, stats)
                     for c, h in zip(clients, hosts, strict=True)
@@ -331,7 +344,8 @@ def run(
     Every agent takes a sample a second; ``batch_seconds`` is how often it ships them (the real
     agent's default is 5; 1 is the harshest case, a request per sample). ``shape``: "spread",
     agents start at random moments over the batch period; "in-step", all at the same moment,
-    each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns.
+    each re-arming its long-poll (``long_poll_wait`` seconds) as soon as it returns;
+    "polls-in-step", batches spread and long-polls in step (SHAPES).
     ``on_start`` is called once the hosts are registered, as the load starts. ``processes``:
     generator processes (0: one per AGENTS_PER_PROCESS agents, at least 2). ``client``: the
     agents' HTTP client (CLIENTS). ``server_processes``: a callable giving the server's
@@ -359,7 +373,7 @@ def run(
                 long_poll,
                 batch_seconds,
                 queue,
-                shape == "in-step",
+                shape,
                 long_poll_wait,
                 client,
                 ready,
@@ -537,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shape", choices=SHAPES, default="spread",
         help="spread: agents start at random moments over the batch period; in-step: all at "
-        "once, each re-arming its long-poll as soon as it returns (default spread)",
+        "once, each re-arming its long-poll as soon as it returns; polls-in-step: batches "
+        "spread, long-polls opened at once and re-armed as they return (default spread)",
     )  # fmt: skip
     parser.add_argument(
         "--long-poll-wait", type=float, default=20, help="seconds a long-poll asks to be held"
