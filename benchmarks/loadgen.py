@@ -110,12 +110,14 @@ class HttpxAgentClient:
 
     error = httpx.HTTPError
 
-    def __init__(self, url: str, ssl_context: ssl.SSLContext) -> None:
+    def __init__(
+        self, url: str, ssl_context: ssl.SSLContext, keepalive_s: float = KEEPALIVE_S
+    ) -> None:
         self.client = httpx.AsyncClient(
             base_url=url,
             timeout=30,
             verify=ssl_context,
-            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
+            limits=httpx.Limits(keepalive_expiry=keepalive_s),
         )
 
     async def post(self, path: str, content: bytes, headers: dict) -> tuple[int, str]:
@@ -133,13 +135,15 @@ class HttpxAgentClient:
 class AiohttpAgentClient:
     """One agent's aiohttp session: the same requests as ``HttpxAgentClient``."""
 
-    def __init__(self, url: str, ssl_context: ssl.SSLContext) -> None:
+    def __init__(
+        self, url: str, ssl_context: ssl.SSLContext, keepalive_s: float = KEEPALIVE_S
+    ) -> None:
         import aiohttp
 
         self.error = (aiohttp.ClientError, asyncio.TimeoutError)
         self.url = url
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context),
+            connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context, keepalive_timeout=keepalive_s),
             timeout=aiohttp.ClientTimeout(total=30),
         )
 
@@ -161,10 +165,14 @@ class AiohttpAgentClient:
         await self.session.close()
 
 
-def agent_client(kind: str, url: str, ssl_context: ssl.SSLContext):
+def agent_client(
+    kind: str, url: str, ssl_context: ssl.SSLContext, keepalive_s: float = KEEPALIVE_S
+):
     if kind not in CLIENTS:
         raise ValueError(f"client must be one of {CLIENTS}, got {kind!r}")
-    return (HttpxAgentClient if kind == "httpx" else AiohttpAgentClient)(url, ssl_context)
+    return (HttpxAgentClient if kind == "httpx" else AiohttpAgentClient)(
+        url, ssl_context, keepalive_s
+    )
 
 
 async def _agent(
@@ -246,6 +254,7 @@ def _run_agents(
     long_poll_wait: float = 20,
     client_kind: str = "httpx",
     ready=None,
+    keepalive_s: float = KEEPALIVE_S,
 ) -> None:
     # Two connections an agent (its batches, its long-poll), and room for the rest.
     raise_open_file_limit(2 * len(hosts) + 64)
@@ -259,7 +268,7 @@ def _run_agents(
         # connections in its pool) the generator used 1.3 of the 2 cores it shares with the
         # server it measures; with a client each, 0.35 (psutil, per process, during a run).
         ssl_context = ssl.create_default_context()
-        clients = [agent_client(client_kind, url, ssl_context) for _ in hosts]
+        clients = [agent_client(client_kind, url, ssl_context, keepalive_s) for _ in hosts]
         if ready is not None:  # every process starts its agents at the same moment
             await asyncio.to_thread(ready.wait, 120)
         cpu = psutil.Process().cpu_times()
@@ -338,6 +347,7 @@ def run(
     client: str = "aiohttp",
     server_processes=None,
     database: str | None = None,
+    keepalive_s: float = KEEPALIVE_S,
 ) -> dict:
     """Run the load and return its figures (``stored`` is counted from the server's answers).
 
@@ -349,7 +359,9 @@ def run(
     ``on_start`` is called once the hosts are registered, as the load starts. ``processes``:
     generator processes (0: one per AGENTS_PER_PROCESS agents, at least 2). ``client``: the
     agents' HTTP client (CLIENTS). ``server_processes``: a callable giving the server's
-    processes (psutil), whose CPU during the load is reported beside the generator's."""
+    processes (psutil), whose CPU during the load is reported beside the generator's.
+    ``keepalive_s``: how long each agent's client keeps an idle connection (the agent's by
+    default; httpx's own default is 5 s, a connection a batch at batches 5 s apart or more)."""
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     processes = processes or max(2, -(-agents // AGENTS_PER_PROCESS))
@@ -377,6 +389,7 @@ def run(
                 long_poll_wait,
                 client,
                 ready,
+                keepalive_s,
             ),
         )  # fmt: skip
         for g in groups
@@ -441,6 +454,7 @@ def run(
         "long_poll_errors": len(long_poll_errors),
         "first_long_poll_errors": long_poll_errors[:5],
         "client": client,
+        "keepalive_s": keepalive_s,
         "processes": len(workers),
         "registration_s": round(registered_s, 1),
         "requests": requests,
@@ -562,6 +576,11 @@ def main(argv: list[str] | None = None) -> int:
         help="of the stack started here: uvicorn (shipped), uvicorn-django (batches through "
         "Django's view, as before the lean path) or gthread (the former tier)",
     )  # fmt: skip
+    parser.add_argument(
+        "--keepalive", type=float, default=KEEPALIVE_S,
+        help=f"seconds each agent's client keeps an idle connection (default {KEEPALIVE_S:g}, "
+        "the agent's; httpx's own default is 5)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     if not 1 <= args.agents <= 2000 or not 1 <= args.seconds <= 3600:
@@ -587,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
             shape=args.shape,
             long_poll_wait=args.long_poll_wait,
             client=args.client,
+            keepalive_s=args.keepalive,
             server_processes=(lambda: web_processes(stack)) if stack is not None else None,
             database=stack.database.name if stack is not None else None,
         )
