@@ -466,6 +466,15 @@ def load_or_build_index(
     chunks = []
     for path in paths:
         chunks += scan_file(path, batch_size, storage_options, store_timeouts)
+    if not chunks:
+        # Nothing to read would leave a pipeline that cycles over its data (epochs=None)
+        # spinning for ever without a batch.
+        names = [_label(p) for p in paths]
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        raise ValueError(
+            f"{root}: its Criteo files ({shown}) hold no lines: they are empty (or gzip of "
+            "nothing); give a folder whose files hold the data"
+        )
     body = {
         "format": "criteo-raw-index",
         "version": INDEX_VERSION,
