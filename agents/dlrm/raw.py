@@ -41,9 +41,18 @@ object that trickles its bytes is cut as well, and a few attempts with jittered 
 waits (tenacity). When they are spent the read fails with a ``StoreError`` naming the URL,
 the byte range and what to do; a stalled store never holds a training job.
 
-A malformed line (not 40 tab-separated fields, an integer feature that is not an integer,
-a categorical feature that is not 8 hex digits) stops the pipeline with an error naming the
-file and the line (``bad_lines="error"``), or is skipped and counted (``"skip"``).
+Lines end in LF or CRLF (a file exported on Windows), the last one with or without its
+newline. Blank lines, a UTF-8 byte-order mark and a header row at the top of a file
+(``label\tI1\t...\tC26``, as a CSV writer puts one: 40 fields, none of the 13 integer ones
+an integer) are not rows: they are left out when the file is indexed, so a chunk holds
+``batch_size`` rows whatever lies between them, and errors still name a line by its number
+in the file.
+
+A malformed line (not 40 tab-separated fields, a label that is not 0 or 1, an integer
+feature that is not an integer, a categorical feature that is not 8 hex digits) stops the
+pipeline with an error naming the file and the line (``bad_lines="error"``), or is skipped
+and counted (``"skip"``). A folder whose files hold no line at all is refused when the
+pipeline is built.
 """
 
 from __future__ import annotations
@@ -72,10 +81,14 @@ from agents.process_lock import SharedCount
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".tsv", ".txt", ".gz")
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: blank lines and a header row are not rows
 BAD_LINE_POLICIES = ("error", "skip")
 _BLOCK = 1 << 20
 _NEWLINE = 10
+_CR = 13
+# A header row is looked for in a file's first line of up to this many bytes.
+_HEADER_MOST = 4096
+_BOM = b"\xef\xbb\xbf"
 # A read from an object store: at least this much (small requests cost more than their bytes)
 # and at most this much at a time.
 _REMOTE_MIN_READ = 256 << 10
@@ -473,7 +486,7 @@ def load_or_build_index(
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         raise ValueError(
             f"{root}: its Criteo files ({shown}) hold no lines: they are empty (or gzip of "
-            "nothing); give a folder whose files hold the data"
+            "nothing, blank lines, a header row only); give a folder whose files hold the data"
         )
     body = {
         "format": "criteo-raw-index",
@@ -558,7 +571,7 @@ def scan_file(
     compressed = path.endswith(".gz")
     members: list[tuple[int, int]] = []  # (offset in the file, offset in the inflated text)
     ends: list[int] = []  # where each member ends in the file
-    cutter = _Cutter(batch_size)
+    cutter = _Cutter(batch_size, _label(path))
     size = _REMOTE_MAX_READ if is_url(path) else _BLOCK
     with _open(path, storage_options, store_timeouts) as handle:
         if compressed:
@@ -569,7 +582,7 @@ def scan_file(
             cutter.feed(piece)
     starts = [text for _, text in members]
     chunks = []
-    for number, (start, end, rows) in enumerate(cutter.chunks()):
+    for start, end, rows, first_line in cutter.chunks():
         member = max(bisect.bisect_right(starts, start) - 1, 0)
         offset, member_start = members[member] if members else (0, 0)
         last = max(bisect.bisect_right(starts, max(end - 1, start)) - 1, 0)
@@ -580,7 +593,7 @@ def scan_file(
                 start,
                 end - start,
                 rows,
-                number * batch_size + 1,
+                first_line,
                 compressed,
                 offset,
                 member_start,
@@ -644,35 +657,66 @@ def _inflate(
 
 
 class _Cutter:
-    """Finds the end of every ``batch_size``-th line in a stream of pieces of text."""
+    """Finds the end of every ``batch_size``-th row in a stream of pieces of text: a row is a
+    line that is neither blank (empty, or a lone ``\\r`` of a CRLF file) nor a header at the
+    top of the file (``looks_like_header``)."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, name: str = "") -> None:
         self.batch_size = batch_size
+        self.name = name
         self.position = 0
-        self.lines = 0
-        self.cuts: list[int] = []
-        self.terminated = True  # whether the text so far ends with a newline
+        self.lines = 0  # newlines seen
+        self.rows = 0  # rows ended by a newline seen
+        self.cuts: list[tuple[int, int]] = []  # (end of a chunk, newlines before it)
+        self.line_start = 0  # where the line not yet ended begins
+        self.last_byte = _NEWLINE
+        self.head = bytearray()  # the first line, while it is not ended (a header?)
+        self.header = False
 
     def feed(self, piece: bytes) -> None:
         """Take the next piece of text."""
-        newlines = np.flatnonzero(np.frombuffer(piece, dtype=np.uint8) == _NEWLINE)
-        ordinals = self.lines + 1 + np.arange(newlines.size)
-        ends = newlines[ordinals % self.batch_size == 0] + self.position + 1
-        self.cuts += ends.tolist()
+        if not piece:
+            return
+        text = np.frombuffer(piece, dtype=np.uint8)
+        newlines = np.flatnonzero(text == _NEWLINE)
+        ends = newlines + self.position
+        starts = np.concatenate([[self.line_start], ends[:-1] + 1])
+        before = np.where(newlines > 0, text[np.maximum(newlines - 1, 0)], self.last_byte)
+        lengths = ends - starts
+        row = (lengths > 1) | ((lengths == 1) & (before != _CR))
+        if self.lines == 0 and len(self.head) <= _HEADER_MOST:
+            first = piece[: newlines[0]] if newlines.size else piece
+            self.head += first[: _HEADER_MOST + 1 - len(self.head)]
+            if newlines.size and looks_like_header(bytes(self.head)):
+                row[0] = False
+                self.header = True
+                log.info("%s: line 1 is a header row; it is not read", self.name or "a file")
+        ordinals = self.rows + np.cumsum(row)
+        cut = row & (ordinals % self.batch_size == 0)
+        self.cuts += zip(
+            (ends[cut] + 1).tolist(), (self.lines + 1 + np.flatnonzero(cut)).tolist(), strict=True
+        )
+        self.rows += int(row.sum())
         self.lines += int(newlines.size)
-        if piece:
-            self.terminated = piece.endswith(b"\n")
+        if newlines.size:
+            self.line_start = int(ends[-1]) + 1
+        self.last_byte = piece[-1]
         self.position += len(piece)
 
-    def chunks(self) -> Iterator[tuple[int, int, int]]:
-        """``(start, end, rows)`` of every chunk."""
-        lines = self.lines + (0 if self.terminated else 1)
-        start = 0
-        for end in self.cuts:
-            yield start, end, self.batch_size
-            start = end
-        if start < self.position:
-            yield start, self.position, lines - len(self.cuts) * self.batch_size
+    def chunks(self) -> Iterator[tuple[int, int, int, int]]:
+        """``(start, end, rows, first_line)`` of every chunk (lines counted from 1)."""
+        tail = self.position - self.line_start  # a last line without a newline
+        tail_row = tail > 1 or (tail == 1 and self.last_byte != _CR)
+        if tail_row and self.lines == 0 and looks_like_header(bytes(self.head)):
+            tail_row, self.header = False, True
+        rows = self.rows + int(tail_row)
+        start, first_line = 0, 1
+        for end, lines in self.cuts:
+            yield start, end, self.batch_size, first_line
+            start, first_line = end, lines + 1
+        left = rows - len(self.cuts) * self.batch_size
+        if left > 0:
+            yield start, self.position, left, first_line
 
 
 # ----------------------------------------------------------------------------- the stages
@@ -791,10 +835,14 @@ _HASH = re.compile(rb"[0-9a-fA-F]{8}")
 
 
 def line_problem(line: bytes) -> str | None:
-    """What is wrong with one Criteo line (``None``: nothing)."""
+    """What is wrong with one Criteo line (``None``: nothing; a blank line is not read)."""
+    if not line:
+        return None
     fields = line.split(b"\t")
     if len(fields) != FIELDS:
         return f"it has {len(fields)} tab-separated fields; a Criteo line has {FIELDS}"
+    if fields[0] not in (b"0", b"1"):
+        return f"label is {fields[0][:24]!r}, not 0 or 1"
     for i, value in enumerate(fields[1 : 1 + NUM_DENSE], 1):
         if value and not _INTEGER.fullmatch(value):
             return f"integer feature I{i} is {value[:24]!r}"
@@ -802,6 +850,35 @@ def line_problem(line: bytes) -> str | None:
         if value and not _HASH.fullmatch(value):
             return f"categorical feature C{i} is {value[:24]!r}, not 8 hex digits"
     return None
+
+
+def looks_like_header(line: bytes) -> bool:
+    """Whether a file's first line is a header row (``label\\tI1\\t...\\tC26``, as a CSV
+    writer puts one): 40 fields, the label not 0 or 1, and not one of the 13 integer features
+    an integer (or empty)."""
+    fields = line.removeprefix(_BOM).removesuffix(b"\r").split(b"\t")
+    return (
+        len(fields) == FIELDS
+        and fields[0] not in (b"0", b"1")
+        and all(f and not _INTEGER.fullmatch(f) for f in fields[1 : 1 + NUM_DENSE])
+    )
+
+
+def _as_lines(text: bytes, top: bool) -> bytes:
+    """A chunk's text as ``\\n``-ended Criteo lines, each where it was (so lines keep their
+    numbers): CRLF endings as LF; at the top of a file (``top``), a UTF-8 byte-order mark
+    dropped and a header row left blank."""
+    if top:
+        text = text.removeprefix(_BOM)
+        end = text.find(b"\n")
+        if looks_like_header(text if end < 0 else text[:end]):
+            text = b"" if end < 0 else text[end:]
+    if b"\r" in text:
+        text = text.replace(b"\r\n", b"\n").removesuffix(b"\r")
+    return text
+
+
+_BLANK_LINES = re.compile(rb"\n\n+")
 
 
 @dataclass
@@ -842,28 +919,30 @@ class RawParse:
 
     def __call__(self, chunk: dict[str, Any]) -> dict[str, np.ndarray]:
         """Parse one chunk read by ``RawReader``."""
+        text = _as_lines(chunk["text"], chunk["first_line"] == 1)
+        rows = text
+        if b"\n\n" in text or text.startswith(b"\n"):
+            rows = _BLANK_LINES.sub(b"\n", text).lstrip(b"\n")  # blank lines are not rows
         try:
-            return parse(chunk["text"])
+            return parse(rows)
         except ValueError as exc:
             first_error = exc
-        lines = chunk["text"].split(b"\n")
+        lines = text.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()  # the text ends with a newline (or is empty)
         bad = [(i, p) for i, line in enumerate(lines) if (p := line_problem(line)) is not None]
         where = f"{chunk['file']}, line"
+        last = chunk["first_line"] + len(lines) - 1
         if not bad:  # what the fast parser refused, the line checker did not see
-            raise ValueError(
-                f"{where}s {chunk['first_line']}-{chunk['first_line'] + len(lines) - 1}: "
-                f"{first_error}"
-            )
+            raise ValueError(f"{where}s {chunk['first_line']}-{last}: {first_error}")
         number, problem = bad[0][0] + chunk["first_line"], bad[0][1]
         if self.bad_lines.policy == "error":
             raise ValueError(
                 f"{where} {number}: {problem} (pass bad_lines='skip' to skip such lines)"
             )
-        if len(bad) == len(lines):
+        if len(bad) == sum(1 for line in lines if line):
             raise ValueError(
-                f"{where}s {chunk['first_line']}-{number + len(lines) - 1}: not one Criteo line "
+                f"{where}s {chunk['first_line']}-{last}: not one Criteo line "
                 f"({problem} on the first): is this a Criteo file?"
             )
         self.bad_lines.add(len(bad))
@@ -878,5 +957,5 @@ class RawParse:
             problem,
         )
         skip = {i for i, _ in bad}
-        kept = b"\n".join(line for i, line in enumerate(lines) if i not in skip) + b"\n"
+        kept = b"\n".join(line for i, line in enumerate(lines) if line and i not in skip) + b"\n"
         return parse(kept)

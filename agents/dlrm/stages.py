@@ -63,6 +63,13 @@ def parse(text: bytes) -> dict[str, np.ndarray]:
     ):
         bad = _first_bad_line(line_ends)
         raise ValueError(f"line {bad}: a Criteo line has {FIELDS} tab-separated fields")
+    if rows == 0:
+        return {
+            "labels": np.zeros(0, np.float32),
+            "dense": np.zeros((0, NUM_DENSE), np.float32),
+            "sparse": np.zeros((0, NUM_SPARSE), np.uint32),
+            "sparse_present": np.zeros((0, NUM_SPARSE), bool),
+        }
     starts = np.empty_like(seps)
     starts[0] = 0
     starts[1:] = seps[:-1] + 1
@@ -70,7 +77,10 @@ def parse(text: bytes) -> dict[str, np.ndarray]:
     lengths = seps.reshape(rows, FIELDS) - starts
     padded = np.append(raw, np.zeros(_MAX_DIGITS + 8, dtype=np.uint8))
 
-    labels = (padded[starts[:, 0]] == ord("1")).astype(np.float32)
+    label = padded[starts[:, 0]]
+    if np.any((lengths[:, 0] != 1) | ((label != _ZERO) & (label != _ZERO + 1))):
+        raise ValueError("a label is not 0 or 1")
+    labels = (label == _ZERO + 1).astype(np.float32)
     dense = _parse_integers(padded, starts[:, 1 : 1 + NUM_DENSE], lengths[:, 1 : 1 + NUM_DENSE])
     hashes, present = _parse_hex(padded, starts[:, 1 + NUM_DENSE :], lengths[:, 1 + NUM_DENSE :])
     return {"labels": labels, "dense": dense, "sparse": hashes, "sparse_present": present}

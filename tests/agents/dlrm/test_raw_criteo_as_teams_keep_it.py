@@ -8,6 +8,8 @@ import gzip
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agents.dlrm import raw
 from agents.dlrm.workload import build_pipeline
@@ -47,5 +49,70 @@ def test_a_folder_whose_files_hold_no_lines_is_refused_when_the_pipeline_is_buil
     # spun for ever without a batch.
     name = "day_0.gz" if content else "day_0.tsv"
     (tmp_path / name).write_bytes(content)
-    with pytest.raises(ValueError, match=rf"{name}\) hold no lines"):
+    with pytest.raises(ValueError, match=rf"{name}\) hold no lines: they are empty"):
         build_pipeline(str(tmp_path), batch_size=4, epochs=None)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.integers(1, 12),
+    batch_size=st.integers(1, 5),
+    crlf=st.booleans(),
+    bom=st.booleans(),
+    header=st.booleans(),
+    blanks=st.lists(st.integers(0, 12), max_size=4),
+    newline_at_end=st.booleans(),
+    gzip_members=st.integers(0, 3),
+)
+def test_line_endings_blank_lines_a_header_and_a_byte_order_mark_read_as_the_plain_rows(
+    tmp_path_factory, rows, batch_size, crlf, bom, header, blanks, newline_at_end, gzip_members
+):
+    # Before, a CRLF file was refused at its first line ("C26 is b'...\r'"), a blank line
+    # or a header row stopped the pipeline, and a byte-order mark made the first label 0.
+    lines = [_line(n) for n in range(rows)]
+    plain = tmp_path_factory.mktemp("plain")
+    (plain / "day_0.tsv").write_text("\n".join(lines) + "\n")
+    quirky_lines = list(lines)
+    for at in sorted(blanks, reverse=True):
+        quirky_lines.insert(min(at, len(quirky_lines)), "")
+    if header:
+        names = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+        quirky_lines.insert(0, "\t".join(names))
+    end = "\r\n" if crlf else "\n"
+    text = end.join(quirky_lines) + (end if newline_at_end else "")
+    data = (b"\xef\xbb\xbf" if bom else b"") + text.encode()
+    quirky = tmp_path_factory.mktemp("quirky")
+    if gzip_members:
+        cut = np.linspace(0, len(data), gzip_members + 1).astype(int)
+        parts = [data[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
+        (quirky / "day_0.tsv.gz").write_bytes(b"".join(gzip.compress(p) for p in parts))
+    else:
+        (quirky / "day_0.tsv").write_bytes(data)
+    index = raw.load_or_build_index(quirky, batch_size)
+    assert [c.rows for c in index.chunks] == [
+        min(batch_size, rows - s) for s in range(0, rows, batch_size)
+    ]
+    _assert_same_rows(_rows(quirky, batch_size), _rows(plain, batch_size))
+
+
+def test_a_bad_line_after_blank_lines_and_a_header_is_named_by_its_line_in_the_file(tmp_path):
+    header = "\t".join(["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(26))])
+    lines = [header, _line(0), "", "", _line(1), _line(2), "", _line(3).replace("\t", " ", 1)]
+    (tmp_path / "day_0.tsv").write_text("\r\n".join(lines) + "\r\n")
+    with pytest.raises(ValueError, match=r"day_0.tsv, line 8: it has 39 tab-separated fields"):
+        _rows(tmp_path, batch_size=2)
+    kept = _rows(tmp_path, batch_size=2, bad_lines="skip")
+    assert kept["labels"].tolist() == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("label", ["", "2", "1.0", "-1", "true", "\xef\xbb\xbf1"])
+def test_a_label_that_is_not_0_or_1_is_a_bad_line_not_a_silent_0(tmp_path, label):
+    # Before, a line's label was 1 when its first byte was "1" and 0 otherwise, whatever
+    # followed; the other layouts refuse such a label.
+    lines = [_line(0), _line(1), "\t".join([label, *_line(2).split("\t")[1:]])]
+    (tmp_path / "day_0.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"day_0.tsv, line 3: label is .*, not 0 or 1"):
+        _rows(tmp_path, batch_size=4)
+    assert _rows(tmp_path, batch_size=4, bad_lines="skip")["labels"].tolist() == [0.0, 1.0]
