@@ -55,8 +55,10 @@ How values map (documented defaults; what does not fit is said, naming the file 
   counts up to about 500,000 come back exactly; beyond, within float32's precision of the
   log). An integer array holds the counts themselves. TorchRec wrote a missing value as 0,
   so it reads as 0, which the transform treats as it treats a missing one;
-- Parquet dense: ints or floats as the counts; null is missing (NaN);
-- sparse: hex strings of up to 8 digits (Criteo's own), empty or null missing; or integers
+- Parquet dense: ints or floats as the counts; null is missing (NaN), and so is every value
+  of a column of type null (pandas writes a column of None so);
+- sparse: hex strings of up to 8 digits (Criteo's own; Parquet strings, or binary as Hive and
+  Impala write them), empty or null missing (a column of type null: all); or integers
   already hashed, taken as 32-bit hashes: an int32 as its 32 bits (TorchRec's int32 files hold
   the hashes of 2**31 and above as negative numbers), a wider int in [0, 2**32). npy has no
   missing value: TorchRec wrote it as 0, which reads as missing;
@@ -446,12 +448,24 @@ def _check_schema(name: str, schema: Any, columns: Columns) -> None:
     def numeric(kind: Any) -> bool:
         return types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind)
 
-    for column in [columns.label, *columns.dense]:
-        if not numeric(value_type(column)):
+    def text(kind: Any) -> bool:
+        # Hive, Impala and older Spark write strings as plain binary (no UTF8 annotation).
+        return any(
+            is_kind(kind)
+            for is_kind in (types.is_string, types.is_large_string, types.is_binary,
+                            types.is_large_binary)
+        )  # fmt: skip
+
+    if not numeric(value_type(columns.label)):
+        kind = value_type(columns.label)
+        raise ValueError(f"{name}: column {columns.label} is {kind}, not a number")
+    for column in columns.dense:
+        # A column of nulls only (pandas writes a column of None as type null): all missing.
+        if not (numeric(value_type(column)) or types.is_null(value_type(column))):
             raise ValueError(f"{name}: column {column} is {value_type(column)}, not a number")
     for column in columns.sparse:
         kind = value_type(column)
-        if not (types.is_integer(kind) or types.is_string(kind) or types.is_large_string(kind)):
+        if not (types.is_integer(kind) or text(kind) or types.is_null(kind)):
             raise ValueError(
                 f"{name}: column {column} is {kind}; a categorical feature is hex strings "
                 "(Criteo's 8 hex digits) or integers already hashed"
@@ -601,8 +615,13 @@ def _column(table: Any, name: str) -> dict[str, Any]:
         if array.null_count
         else np.zeros(n, dtype=bool)
     )
-    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+    if pa.types.is_null(array.type):  # every value missing
+        return {"name": name, "values": np.zeros(n, np.int64), "null": np.ones(n, dtype=bool)}
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        array = array.cast(pa.large_binary())  # laid out as a large_string
+    elif pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         array = array.cast(pa.large_string())
+    if pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type):
         _, offsets_buffer, data_buffer = array.buffers()
         offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset : array.offset + n + 1]
         data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
