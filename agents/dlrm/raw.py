@@ -671,7 +671,6 @@ class _Cutter:
         self.line_start = 0  # where the line not yet ended begins
         self.last_byte = _NEWLINE
         self.head = bytearray()  # the first line, while it is not ended (a header?)
-        self.header = False
 
     def feed(self, piece: bytes) -> None:
         """Take the next piece of text."""
@@ -684,13 +683,11 @@ class _Cutter:
         before = np.where(newlines > 0, text[np.maximum(newlines - 1, 0)], self.last_byte)
         lengths = ends - starts
         row = (lengths > 1) | ((lengths == 1) & (before != _CR))
-        if self.lines == 0 and len(self.head) <= _HEADER_MOST:
+        if self.lines == 0:
             first = piece[: newlines[0]] if newlines.size else piece
             self.head += first[: _HEADER_MOST + 1 - len(self.head)]
-            if newlines.size and looks_like_header(bytes(self.head)):
-                row[0] = False
-                self.header = True
-                log.info("%s: line 1 is a header row; it is not read", self.name or "a file")
+            if newlines.size:
+                row[0] = self._first_line_is_row()
         ordinals = self.rows + np.cumsum(row)
         cut = row & (ordinals % self.batch_size == 0)
         self.cuts += zip(
@@ -703,12 +700,23 @@ class _Cutter:
         self.last_byte = piece[-1]
         self.position += len(piece)
 
+    def _first_line_is_row(self) -> bool:
+        """Whether line 1 is a row: not blank once a byte-order mark is dropped, and not a
+        header."""
+        if len(self.head) > _HEADER_MOST:
+            return True
+        line = bytes(self.head).removeprefix(_BOM).removesuffix(b"\r")
+        if line and looks_like_header(line):
+            log.info("%s: line 1 is a header row; it is not read", self.name or "a file")
+            return False
+        return bool(line)
+
     def chunks(self) -> Iterator[tuple[int, int, int, int]]:
         """``(start, end, rows, first_line)`` of every chunk (lines counted from 1)."""
         tail = self.position - self.line_start  # a last line without a newline
         tail_row = tail > 1 or (tail == 1 and self.last_byte != _CR)
-        if tail_row and self.lines == 0 and looks_like_header(bytes(self.head)):
-            tail_row, self.header = False, True
+        if tail and self.lines == 0:
+            tail_row = self._first_line_is_row()
         rows = self.rows + int(tail_row)
         start, first_line = 0, 1
         for end, lines in self.cuts:
