@@ -97,6 +97,8 @@ def _parse_integers(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     negative = (raw[starts] == _MINUS) & (lengths > 0)
     starts = starts + negative
     lengths = lengths - negative
+    if np.any(negative & (lengths == 0)):
+        raise ValueError("an integer feature is a lone minus sign")
     width = int(lengths.max(initial=0))
     if width > _MAX_DIGITS:
         raise ValueError(f"an integer feature has {width} digits; at most {_MAX_DIGITS} fit")
@@ -108,7 +110,9 @@ def _parse_integers(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     valid = exponent >= 0
     if np.any(valid & ((digits < 0) | (digits > 9))):
         raise ValueError("an integer feature holds a character that is not a digit")
-    values = np.where(valid, digits * 10 ** np.maximum(exponent, 0), 0).sum(axis=-1)
+    # 19 digits may pass int64's largest (9.2e18) and wrap round to a negative: in float64.
+    ten = 10 if width < _MAX_DIGITS else 10.0
+    values = np.where(valid, digits * ten ** np.maximum(exponent, 0), 0).sum(axis=-1)
     values = np.where(negative, -values, values).astype(np.float32)
     values[lengths == 0] = np.nan
     return values

@@ -116,3 +116,16 @@ def test_a_label_that_is_not_0_or_1_is_a_bad_line_not_a_silent_0(tmp_path, label
     with pytest.raises(ValueError, match=r"day_0.tsv, line 3: label is .*, not 0 or 1"):
         _rows(tmp_path, batch_size=4)
     assert _rows(tmp_path, batch_size=4, bad_lines="skip")["labels"].tolist() == [0.0, 1.0]
+
+
+def test_a_lone_minus_sign_is_a_bad_line_and_19_digits_do_not_wrap_round_to_a_negative(tmp_path):
+    # Before, "-" read as a missing value without a word, and 9999999999999999999 (past
+    # int64's largest) as -8.4e18.
+    fields = _line(1).split("\t")
+    big = "\t".join([fields[0], "9999999999999999999", *fields[2:]])
+    minus = "\t".join([fields[0], "-", *fields[2:]])
+    (tmp_path / "day_0.tsv").write_text(f"{_line(0)}\n{big}\n{minus}\n")
+    with pytest.raises(ValueError, match=r"day_0.tsv, line 3: integer feature I1 is b'-'"):
+        _rows(tmp_path, batch_size=4)
+    kept = _rows(tmp_path, batch_size=4, bad_lines="skip")
+    assert kept["dense"][1, 0] == pytest.approx(1e19, rel=1e-6)
