@@ -14,8 +14,12 @@ fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one
   (another naming: ``Columns``, given as ``columns``). Files named ``_*`` or ``.*`` (Spark's
   ``_SUCCESS``, NVTabular's ``_metadata`` and ``_file_list.txt``) are left out.
 
-The files lie in the folder itself (a Spark output partitioned into sub-folders, ``date=.../``,
-is given one sub-folder at a time).
+The files lie in the folder or in its sub-folders, read in the natural order of their paths
+under it: a Spark output of ``day_0/part-00000-....parquet`` or ``date=.../part-...`` is given
+as the folder Spark wrote. Files and folders named ``_*`` or ``.*`` are not data (Spark's
+``_SUCCESS``, its unfinished ``_temporary/`` and its ``.crc`` files). A file given for the
+folder is refused, naming the folder to give. Errors name a file by its path under the folder
+(``date=2026-11-28/part-00000.parquet, row 12``).
 
 ``detect_layout`` picks the layout from the file names; ``data_format`` (``--data-format``)
 forces one (``raw``, ``npy``, ``parquet``) and leaves the other files aside. A folder holding
@@ -94,7 +98,6 @@ LAYOUT_NAMES = {"raw": "raw Criteo text", "npy": "TorchRec npy", "parquet": "Par
 NPY_PARTS = ("dense", "sparse", "labels")
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 _NPY_NAME = re.compile(r"^(?P<day>.+)_(?P<part>dense|sparse|labels)\.npy$")
-_NUMBER = re.compile(r"(\d+)")
 # The most an npy header takes (format 1.0 holds at most 65535 bytes of header).
 _NPY_HEAD = 65536 + 16
 # A Parquet row group larger than this is worth a word (about 60 MB decoded, per read worker).
@@ -151,9 +154,7 @@ class TableChunk:
     group_start: int = 0
 
 
-def natural_key(name: str) -> list:
-    """Sorts ``day_2`` before ``day_10``."""
-    return [int(p) if p.isdigit() else p for p in _NUMBER.split(name)]
+natural_key = raw.natural_key  # sorts ``day_2`` before ``day_10``
 
 
 # ----------------------------------------------------------------------------- finding files
@@ -164,32 +165,10 @@ def list_files(
     storage_options: dict[str, Any] | None = None,
     store_timeouts: raw.StoreTimeouts | None = None,
 ) -> dict[str, str]:
-    """Every file of a folder or under a URL prefix, by name (``_*`` and ``.*`` left out),
-    with its path or URL."""
-    if raw.is_url(location):
-        root = str(location).rstrip("/")
-        fs = raw.filesystem(root, storage_options, store_timeouts)
-        try:
-            fs.invalidate_cache(root)
-            entries = raw._bounded(fs, root, "list", "ls", store_timeouts, root, detail=True)
-        except FileNotFoundError:
-            entries = []
-        except raw.StoreError:
-            raise
-        except Exception as exc:
-            raise raw.StoreError(raw._store_failure(root, "list", exc)) from None
-        names = [
-            str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
-            for e in entries
-            if e.get("type") == "file"
-        ]
-        found = {n: f"{root}/{n}" for n in names}
-    else:
-        folder = Path(location)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder} is not a folder of Criteo files")
-        found = {p.name: str(p) for p in folder.iterdir() if p.is_file()}
-    return {n: found[n] for n in sorted(found, key=natural_key) if not n.startswith(("_", "."))}
+    """Every file of a folder or under a URL prefix, its sub-folders' too, by name (its path
+    under ``location``; ``_*`` and ``.*`` left out, see ``raw.list_tree``), with its path or
+    URL."""
+    return {f["name"]: f["path"] for f in raw.list_tree(location, storage_options, store_timeouts)}
 
 
 def layout_of(name: str) -> str | None:

@@ -1,4 +1,5 @@
-"""Criteo files as they come: a folder of ``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz`` or ``.txt.gz``.
+"""Criteo files as they come: a folder of ``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz`` or ``.txt.gz``
+(its sub-folders too: ``list_tree``).
 
 (A folder of TorchRec's npy days or of Parquet files is read by ``agents.dlrm.formats``, which
 also finds which layout a folder holds; the stores, timeouts and bad-line policy below are
@@ -125,6 +126,8 @@ class RawChunk:
     # Where, in the file, the gzip member holding the chunk's last byte ends: what a ranged
     # read of an object fetches for the chunk.
     compressed_end: int = 0
+    # How errors name the file: its path under the folder read (``day_0/part-00000.gz``).
+    name: str = ""
 
 
 @dataclass
@@ -372,67 +375,129 @@ def _label(path: str) -> str:
     return path if is_url(path) else Path(path).name
 
 
-def store_files(
-    url: str, storage_options: dict[str, Any] | None = None, timeouts: StoreTimeouts | None = None
+_NUMBER = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> list:
+    """Sorts ``day_2`` before ``day_10``."""
+    return [int(p) if p.isdigit() else p for p in _NUMBER.split(name)]
+
+
+def _left_out(name: str) -> bool:
+    """Files and folders that are not data: Spark's ``_SUCCESS``, ``_temporary/`` and ``.crc``
+    files, NVTabular's ``_metadata``, hidden files, our own index."""
+    return name.startswith(("_", "."))
+
+
+def list_tree(
+    location: str | Path,
+    storage_options: dict[str, Any] | None = None,
+    timeouts: StoreTimeouts | None = None,
 ) -> list[dict[str, Any]]:
-    """The Criteo objects under ``url``, by name: one listing of the store, each with its
-    ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
-    fs = filesystem(url, storage_options, timeouts)
+    """Every file under a folder or URL prefix, its sub-folders' too (Spark writes
+    ``day_0/part-00000...`` or ``date=.../part-...``), in natural order of their names: each
+    with its ``name`` (its path under ``location``, ``/``-separated), ``path`` (a path or
+    URL), ``size`` and what tells a changed file (``mtime_ns``; in a store ``etag`` and
+    ``mtime``). Files and folders named ``_*`` or ``.*`` are left out (``_left_out``)."""
+    if is_url(location):
+        files = _store_tree(str(location), storage_options, timeouts)
+    else:
+        folder = Path(location)
+        if folder.is_file():
+            raise NotADirectoryError(
+                f"{folder} is a file; give the folder that holds it ({folder.parent})"
+            )
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder} is not a folder of Criteo files")
+        files = []
+        seen = {os.path.realpath(folder)}
+        for top, folders, names in os.walk(folder, followlinks=True):
+            keep = []
+            for sub in folders:
+                real = os.path.realpath(os.path.join(top, sub))
+                if not _left_out(sub) and real not in seen:  # a link back up is walked once
+                    seen.add(real)
+                    keep.append(sub)
+            folders[:] = keep
+            for name in names:
+                path = Path(top) / name
+                if _left_out(name) or not path.is_file():  # a broken link is no file
+                    continue
+                stat = path.stat()
+                relative = path.relative_to(folder).as_posix()
+                files.append({"name": relative, "path": str(path), "size": stat.st_size,
+                              "mtime_ns": stat.st_mtime_ns})  # fmt: skip
+    return sorted(files, key=lambda f: natural_key(f["name"]))
+
+
+def _store_tree(
+    url: str, storage_options: dict[str, Any] | None, timeouts: StoreTimeouts | None
+) -> list[dict[str, Any]]:
     root = url.rstrip("/")
+    fs = filesystem(root, storage_options, timeouts)
     try:
         fs.invalidate_cache(root)  # a listing cached by this handle may be stale
-        entries = _bounded(fs, url, "list", "ls", timeouts, root, detail=True)
+        found = _bounded(fs, url, "list", "find", timeouts, root, detail=True)
     except FileNotFoundError:
-        entries = []
+        found = {}
     except StoreError:
         raise
     except Exception as exc:
         raise StoreError(_store_failure(url, "list", exc)) from None
+    base = str(fs._strip_protocol(root)).rstrip("/")
     files = []
-    for entry in entries:
-        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") != "file" or name.startswith(".") or not name.endswith(SUFFIXES):
+    for key, entry in found.items():
+        key = str(entry.get("name") or key).rstrip("/")
+        if entry.get("type", "file") != "file":
+            continue
+        if key == base:
+            parent = root.rsplit("/", 1)[0]
+            raise NotADirectoryError(
+                f"{root} is an object, not a folder (prefix): give the one that holds it ({parent})"
+            )
+        relative = key[len(base) + 1 :] if key.startswith(base + "/") else key.rsplit("/", 1)[-1]
+        if any(_left_out(part) for part in relative.split("/")):
             continue
         stamp = entry.get("LastModified") or entry.get("mtime") or entry.get("updated")
         files.append(
             {
-                "url": f"{root}/{name}",
-                "name": name,
+                "name": relative,
+                "path": f"{root}/{relative}",
                 "size": int(entry.get("size") or 0),
                 "etag": str(entry.get("ETag") or entry.get("etag") or entry.get("md5Hash") or ""),
                 "mtime": str(stamp or entry.get("created") or ""),
             }
         )
+    return files
+
+
+def store_files(
+    url: str, storage_options: dict[str, Any] | None = None, timeouts: StoreTimeouts | None = None
+) -> list[dict[str, Any]]:
+    """The Criteo objects under ``url`` (its sub-prefixes too), by name: one listing of the
+    store, each with its ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
+    files = [
+        {"url": f["path"], **{k: f[k] for k in ("name", "size", "etag", "mtime")}}
+        for f in list_tree(url, storage_options, timeouts)
+        if f["name"].endswith(SUFFIXES)
+    ]
     if not files:
         raise FileNotFoundError(
             f"no Criteo files found at {url} ({', '.join('*' + s for s in SUFFIXES)}); give "
             "the prefix that holds them"
         )
-    return sorted(files, key=lambda f: f["name"])
-
-
-def data_files(folder: str | Path) -> list[Path]:
-    """The Criteo files of a folder, by name."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a folder of Criteo files")
-    files = [
-        p
-        for p in sorted(root.iterdir())
-        if p.is_file() and not p.name.startswith(".") and p.name.endswith(SUFFIXES)
-    ]
-    if not files:
-        raise FileNotFoundError(
-            f"{root} holds no Criteo files ({', '.join('*' + s for s in SUFFIXES)}); "
-            "or generate a dataset with `python -m agents.dlrm.generate`"
-        )
     return files
 
 
-def _signature(files: list[Path]) -> list[dict[str, Any]]:
-    return [
-        {"name": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in files
-    ]
+def data_files(folder: str | Path) -> list[dict[str, Any]]:
+    """The Criteo files of a folder and its sub-folders, by name (``list_tree``'s entries)."""
+    files = [f for f in list_tree(folder) if f["name"].endswith(SUFFIXES)]
+    if not files:
+        raise FileNotFoundError(
+            f"{folder} holds no Criteo files ({', '.join('*' + s for s in SUFFIXES)}); "
+            "or generate a dataset with `python -m agents.dlrm.generate`"
+        )
+    return files
 
 
 def index_locations(folder: str | Path, batch_size: int) -> list[Path]:
@@ -463,13 +528,14 @@ def load_or_build_index(
     if is_url(folder):
         root = str(folder).rstrip("/")
         objects = store_files(root, storage_options, store_timeouts)
-        paths = [o["url"] for o in objects]
+        names = {o["url"]: o["name"] for o in objects}
         signature = [{k: o[k] for k in ("name", "size", "etag", "mtime")} for o in objects]
     else:
         root = Path(folder)
         files = data_files(root)
-        paths = [str(p) for p in files]
-        signature = _signature(files)
+        names = {f["path"]: f["name"] for f in files}
+        signature = [{k: f[k] for k in ("name", "size", "mtime_ns")} for f in files]
+    paths = list(names)
     locations = index_locations(root, batch_size)
     for location in locations:
         kept = _read_index(location)
@@ -478,12 +544,14 @@ def load_or_build_index(
     log.info("indexing %d Criteo file(s) in %s (once: the index is kept)", len(paths), root)
     chunks = []
     for path in paths:
-        chunks += scan_file(path, batch_size, storage_options, store_timeouts)
+        # Errors name a file by its path under the folder; an object by its URL.
+        label = path if is_url(path) else names[path]
+        chunks += scan_file(path, batch_size, storage_options, store_timeouts, label)
     if not chunks:
         # Nothing to read would leave a pipeline that cycles over its data (epochs=None)
         # spinning for ever without a batch.
-        names = [_label(p) for p in paths]
-        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        shown = ", ".join(list(names.values())[:6])
+        shown += f" and {len(names) - 6} more" if len(names) > 6 else ""
         raise ValueError(
             f"{root}: its Criteo files ({shown}) hold no lines: they are empty (or gzip of "
             "nothing, blank lines, a header row only); give a folder whose files hold the data"
@@ -493,7 +561,7 @@ def load_or_build_index(
         "version": INDEX_VERSION,
         "batch_size": batch_size,
         "files": signature,
-        "chunks": [_chunk_json(c) for c in chunks],
+        "chunks": [_chunk_json(c, names[c.path]) for c in chunks],
     }
     location = _write_index(body, locations)
     return _from_json(body, root, location)
@@ -534,9 +602,9 @@ def writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK)
 
 
-def _chunk_json(chunk: RawChunk) -> list:
+def _chunk_json(chunk: RawChunk, name: str) -> list:
     row = asdict(chunk)
-    row["path"] = chunk.path.rsplit("/", 1)[-1] if is_url(chunk.path) else Path(chunk.path).name
+    row["path"] = name  # under the folder: the index holds wherever the folder is
     return [row[k] for k in RawChunk.__dataclass_fields__]
 
 
@@ -564,18 +632,20 @@ def scan_file(
     batch_size: int,
     storage_options: dict[str, Any] | None = None,
     store_timeouts: StoreTimeouts | None = None,
+    name: str | None = None,
 ) -> list[RawChunk]:
-    """The chunks of one file (a path or an object's URL): ``batch_size`` lines each, the
-    last what is left."""
+    """The chunks of one file (a path or an object's URL): ``batch_size`` rows each, the
+    last what is left; ``name`` is how errors name the file (its path under the folder)."""
     path = str(path)
+    name = name or _label(path)
     compressed = path.endswith(".gz")
     members: list[tuple[int, int]] = []  # (offset in the file, offset in the inflated text)
     ends: list[int] = []  # where each member ends in the file
-    cutter = _Cutter(batch_size, _label(path))
+    cutter = _Cutter(batch_size, name)
     size = _REMOTE_MAX_READ if is_url(path) else _BLOCK
     with _open(path, storage_options, store_timeouts) as handle:
         if compressed:
-            pieces = _inflate(handle, members, size, _label(path), ends)
+            pieces = _inflate(handle, members, size, name, ends)
         else:
             pieces = _blocks(handle, size)
         for piece in pieces:
@@ -598,6 +668,7 @@ def scan_file(
                 offset,
                 member_start,
                 compressed_end,
+                name,
             )
         )
     return chunks
@@ -767,7 +838,8 @@ class RawReader:
                 f"{chunk.path}: expected {chunk.length} bytes from byte {chunk.start}, found "
                 f"{len(text)}; the file changed after it was indexed: start again to re-index"
             )
-        return {"text": text, "file": _label(chunk.path), "first_line": chunk.first_line}
+        label = chunk.name or _label(chunk.path)
+        return {"text": text, "file": label, "first_line": chunk.first_line}
 
     def _cursor(self, chunk: RawChunk) -> _Cursor:
         cursor = self._cursors.pop(chunk.path, None)
@@ -807,7 +879,7 @@ class _Cursor:
             size = min(max(span, _REMOTE_MIN_READ), _REMOTE_MAX_READ)
         self.handle = _open(chunk.path, storage_options, store_timeouts)
         self.handle.seek(chunk.member_offset)
-        self.pieces = _inflate(self.handle, size=size, name=_label(chunk.path))
+        self.pieces = _inflate(self.handle, size=size, name=chunk.name or _label(chunk.path))
         self.buffer = bytearray()
         self.buffer_start = chunk.member_start  # the text offset of buffer[0]
 

@@ -1,0 +1,92 @@
+"""A folder of sub-folders, as Spark writes its output (``day_0/part-00000...``,
+``date=.../``, beside ``_SUCCESS``, ``.crc`` files and an unfinished ``_temporary/``), reads as
+the same files in one folder, in every layout, locally and by URL (``raw.list_tree``)."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from agents.__main__ import load_pipeline
+from agents.dlrm import formats, raw
+from agents.dlrm.workload import build_pipeline
+from benchmarks.data_layouts import criteo_rows, tsv_text, write_npy, write_parquet
+
+pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow (the parquet extra)")
+DAYS = ["day_0", "day_1", "day_2", "day_10"]  # day_10 after day_2: natural order
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path_factory, monkeypatch):
+    """A cache folder of this module's own."""
+    monkeypatch.setenv("INTUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+def _rows(location, batch_size: int) -> dict[str, np.ndarray]:
+    """Every row of ``location`` read and parsed in this process, in order."""
+    layout = formats.detect_layout(location)
+    if layout == "raw":
+        chunks = raw.load_or_build_index(location, batch_size).chunks
+        reader, parser = raw.RawReader(), raw.RawParse(raw.BadLines())
+    else:
+        chunks = formats.plan_chunks(location, layout, batch_size)
+        reader, parser = formats.TableReader(), formats.TableParse(raw.BadLines())
+    parsed = [parser(reader(chunk)) for chunk in chunks]
+    return {k: np.concatenate([p[k] for p in parsed]) for k in parsed[0]}
+
+
+def _write(folder, layout: str, name: str, rows) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if layout == "raw":
+        (folder / f"{name}.gz").write_bytes(gzip.compress(tsv_text(rows)))
+    elif layout == "npy":
+        write_npy(folder, name, rows)
+    else:
+        write_parquet(folder / f"{name}.parquet", rows, row_group=7)
+
+
+@pytest.mark.parametrize("layout", ["raw", "npy", "parquet"])
+@pytest.mark.parametrize("url", [False, True], ids=["folder", "file-url"])
+def test_day_folders_beside_sparks_side_files_read_as_one_folder_of_the_days(tmp_path, layout, url):
+    # Before, a folder of sub-folders was refused: "holds no Criteo files; it holds no file".
+    rows = criteo_rows(4 * 23, 5)
+    flat, spark = tmp_path / "flat", tmp_path / "spark"
+    for i, day in enumerate(DAYS):
+        part = rows.part(23 * i, 23 * (i + 1))
+        _write(flat, layout, day, part)
+        _write(spark / day, layout, "part-00000" if layout != "npy" else "day", part)
+        (spark / day / ".part-00000.crc").write_bytes(b"\0\1")
+    (spark / "_SUCCESS").write_bytes(b"")
+    _write(spark / "_temporary" / "0", layout, "part-00007", rows.part(0, 5))  # unfinished
+    location = f"file://{spark}" if url else spark
+    mine, theirs = _rows(location, batch_size=10), _rows(flat, batch_size=10)
+    for key in theirs:
+        np.testing.assert_array_equal(mine[key], theirs[key])
+
+
+def test_a_bad_line_in_a_sub_folder_is_named_by_its_path_under_the_folder(tmp_path):
+    text = tsv_text(criteo_rows(5, 1)).replace(b"\t", b" ", 1)
+    (tmp_path / "date=2026-11-28").mkdir()
+    (tmp_path / "date=2026-11-28" / "part-00000.tsv").write_bytes(text)
+    with pytest.raises(ValueError, match=r"^date=2026-11-28/part-00000.tsv, line 1: it has 39"):
+        _rows(tmp_path, batch_size=4)
+
+
+@pytest.mark.parametrize("url", [False, True], ids=["path", "file-url"])
+def test_a_file_given_for_the_folder_is_refused_naming_the_folder_to_give(tmp_path, url):
+    # Before, a file's URL was read as a folder holding itself: "Not a directory:
+    # '.../day_0.tsv/day_0.tsv'".
+    (tmp_path / "day_0.tsv").write_bytes(tsv_text(criteo_rows(3, 1)))
+    given = f"file://{tmp_path}/day_0.tsv" if url else str(tmp_path / "day_0.tsv")
+    with pytest.raises(
+        NotADirectoryError, match=rf"day_0.tsv is .*give .*\({'file://' if url else ''}{tmp_path}\)"
+    ):
+        build_pipeline(given, batch_size=4)
+
+
+def test_the_cli_refuses_a_file_for_the_data_folder_naming_the_folder(tmp_path):
+    (tmp_path / "day_0.tsv").write_bytes(tsv_text(criteo_rows(3, 1)))
+    with pytest.raises(SystemExit, match=rf"a file; give the folder that holds it \({tmp_path}\)"):
+        load_pipeline("dlrm", data_dir=str(tmp_path / "day_0.tsv"))
