@@ -90,6 +90,8 @@ _CR = 13
 # A header row is looked for in a file's first line of up to this many bytes.
 _HEADER_MOST = 4096
 _BOM = b"\xef\xbb\xbf"
+# A tar header says "ustar" at bytes 257-261.
+_TAR_MAGIC_END = 262
 # A read from an object store: at least this much (small requests cost more than their bytes)
 # and at most this much at a time.
 _REMOTE_MIN_READ = 256 << 10
@@ -648,7 +650,16 @@ def scan_file(
             pieces = _inflate(handle, members, size, name, ends)
         else:
             pieces = _blocks(handle, size)
+        lead = b""
         for piece in pieces:
+            if len(lead) < _TAR_MAGIC_END:
+                lead += piece[: _TAR_MAGIC_END - len(lead)]
+                if lead[_TAR_MAGIC_END - 5 :] == b"ustar":
+                    raise ValueError(
+                        f"{name} is a tar archive, not Criteo text (Criteo's Kaggle download, "
+                        f"dac.tar.gz, is one): extract it (tar -xzf {_label(path)}) and give the "
+                        "folder of the files it holds (train.txt; its test.txt has no labels)"
+                    )
             cutter.feed(piece)
     starts = [text for _, text in members]
     chunks = []
@@ -920,7 +931,11 @@ def line_problem(line: bytes) -> str | None:
         return None
     fields = line.split(b"\t")
     if len(fields) != FIELDS:
-        return f"it has {len(fields)} tab-separated fields; a Criteo line has {FIELDS}"
+        unlabelled = " (Criteo's test files have no label: they are not training data)"
+        return (
+            f"it has {len(fields)} tab-separated fields; a Criteo line has {FIELDS}, a label "
+            f"and {FIELDS - 1} features{unlabelled if len(fields) == FIELDS - 1 else ''}"
+        )
     if fields[0] not in (b"0", b"1"):
         return f"label is {fields[0][:24]!r}, not 0 or 1"
     for i, value in enumerate(fields[1 : 1 + NUM_DENSE], 1):

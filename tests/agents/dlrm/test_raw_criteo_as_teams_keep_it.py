@@ -5,6 +5,8 @@ naming the file and line (``agents.dlrm.raw``)."""
 from __future__ import annotations
 
 import gzip
+import io
+import tarfile
 
 import numpy as np
 import pytest
@@ -129,3 +131,27 @@ def test_a_lone_minus_sign_is_a_bad_line_and_19_digits_do_not_wrap_round_to_a_ne
         _rows(tmp_path, batch_size=4)
     kept = _rows(tmp_path, batch_size=4, bad_lines="skip")
     assert kept["dense"][1, 0] == pytest.approx(1e19, rel=1e-6)
+
+
+def test_criteos_kaggle_tar_gz_and_its_unlabelled_test_file_are_refused_saying_what_they_are(
+    tmp_path,
+):
+    # Before, dac.tar.gz read as Criteo text whose first line was the tar header ("label is
+    # b'train.txt\x00...'"), and test.txt's lines were only "39 fields; a Criteo line has 40".
+    text = ("\n".join(_line(n) for n in range(6)) + "\n").encode()
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        info = tarfile.TarInfo("train.txt")
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
+    kaggle = tmp_path / "kaggle"
+    kaggle.mkdir()
+    (kaggle / "dac.tar.gz").write_bytes(packed.getvalue())
+    with pytest.raises(ValueError, match=r"dac.tar.gz is a tar archive.*tar -xzf dac.tar.gz"):
+        raw.load_or_build_index(kaggle, 4)
+    test = tmp_path / "test"
+    test.mkdir()
+    unlabelled = "\n".join(_line(n).split("\t", 1)[1] for n in range(3)) + "\n"
+    (test / "test.txt").write_text(unlabelled)
+    with pytest.raises(ValueError, match=r"test.txt, line 1: .*39 .*test files have no label"):
+        _rows(test, batch_size=4)
