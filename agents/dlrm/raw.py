@@ -449,9 +449,9 @@ def _store_tree(
     base = str(fs._strip_protocol(root)).rstrip("/")
     files = []
     for key, entry in found.items():
-        key = str(entry.get("name") or key).rstrip("/")
-        if entry.get("type", "file") != "file":
-            continue
+        key = str(entry.get("name") or key)
+        if entry.get("type", "file") != "file" or key.endswith("/"):
+            continue  # a folder, or the empty object a console makes to show one ("days/")
         if key == base:
             parent = root.rsplit("/", 1)[0]
             raise NotADirectoryError(
