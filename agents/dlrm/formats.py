@@ -57,7 +57,8 @@ How values map (documented defaults; what does not fit is said, naming the file 
 - npy dense: a float array holds TorchRec's ``log(x + 3)`` of the counts (missing as 0): it is
   undone, ``round(exp(v) - 3)``, so the pipeline's own transform applies it once (integer
   counts up to about 500,000 come back exactly; beyond, within float32's precision of the
-  log). An integer array holds the counts themselves. TorchRec wrote a missing value as 0,
+  log). A float above 44 (or +inf) is no count's log: its row is a bad row (counts saved
+  as floats; save them as integers). An integer array holds the counts themselves. TorchRec wrote a missing value as 0,
   so it reads as 0, which the transform treats as it treats a missing one;
 - Parquet dense: ints or floats as the counts; null is missing (NaN), and so is every value
   of a column of type null (pandas writes a column of None so);
@@ -70,8 +71,9 @@ How values map (documented defaults; what does not fit is said, naming the file 
   naming the file and row (rows counted from 0, as numpy and pyarrow count them), or with
   ``bad_lines="skip"`` is dropped and counted in ``pipeline.bad_lines``;
 - a file that does not fit as a whole (a missing column, a column of the wrong type, an npy
-  array of the wrong shape, a day missing one of its three files or whose files disagree on
-  the number of rows) is refused when the pipeline is built, naming it.
+  array of the wrong shape or shorter than its header says, a float dense array whose first
+  4,096 rows hold counts rather than their logs, a day missing one of its three files or whose
+  files disagree on the number of rows) is refused when the pipeline is built, naming it.
 
 Reading Parquet needs pyarrow (``pip install 'intune[parquet]'``); it is imported only then.
 """
@@ -100,6 +102,10 @@ PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 _NPY_NAME = re.compile(r"^(?P<day>.+)_(?P<part>dense|sparse|labels)\.npy$")
 # The most an npy header takes (format 1.0 holds at most 65535 bytes of header).
 _NPY_HEAD = 65536 + 16
+# The largest float an npy dense array may hold: log(x + 3) of a count below 1.3e19.
+_LARGEST_LOG = 44.0
+# The rows of a float dense array looked at when the pipeline is built (counts, not logs?).
+_NPY_SAMPLE_ROWS = 4096
 # A Parquet row group larger than this is worth a word (about 60 MB decoded, per read worker).
 _LARGE_GROUP = 262_144
 _WHAT_IS_READ = (
@@ -291,6 +297,8 @@ def _plan_npy(
             path = parts[part]
             offset, dtype, shape = npy_header(path, storage_options, store_timeouts)
             _check_npy(path, part, dtype, shape, width)
+            _check_npy_data(path, part, offset, dtype, shape[0], width, storage_options,
+                            store_timeouts)  # fmt: skip
             arrays.append((offset, dtype.str, width))
             counts.append(shape[0])
         if len(set(counts)) > 1:
@@ -327,6 +335,72 @@ def npy_header(
             "(save it with np.save(np.ascontiguousarray(a)))"
         )
     return stream.tell(), dtype, tuple(shape)
+
+
+def _read_range(
+    path: str,
+    start: int,
+    end: int,
+    storage_options: dict[str, Any] | None = None,
+    store_timeouts: raw.StoreTimeouts | None = None,
+) -> bytes:
+    """Bytes ``start`` to ``end`` of a file or object (one bounded ranged read in a store)."""
+    if raw.is_url(path):
+        fs = raw.filesystem(path, storage_options, store_timeouts)
+        data = raw._bounded(fs, path, f"read bytes {start}-{end} of", "cat_file",
+                            store_timeouts, path, start=start, end=end)  # fmt: skip
+    else:
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+    if len(data) != end - start:
+        raise ValueError(
+            f"{raw._label(path)}: expected {end - start} bytes from byte {start}, found "
+            f"{len(data)}; the file is shorter than its header says (changed or truncated?)"
+        )
+    return data
+
+
+def _check_npy_data(
+    path: str,
+    part: str,
+    offset: int,
+    dtype: np.dtype,
+    rows: int,
+    width: int,
+    storage_options: dict[str, Any] | None,
+    store_timeouts: raw.StoreTimeouts | None,
+) -> None:
+    """Refuse, when the pipeline is built, an npy file shorter than its header says (cut off
+    while copied) and a float dense array that holds counts rather than their logs (from its
+    first rows), rather than stop the pipeline on it in the middle of an epoch."""
+    label = raw._label(path)
+    size = (
+        int(raw._bounded(raw.filesystem(path, storage_options, store_timeouts), path,
+                         "read the size of", "info", store_timeouts, path)["size"])
+        if raw.is_url(path)
+        else Path(path).stat().st_size
+    )  # fmt: skip
+    wanted = offset + rows * width * dtype.itemsize
+    if size < wanted:
+        raise ValueError(
+            f"{label}: its header says {rows} rows ({wanted} bytes with the header), but it "
+            f"holds {size} bytes: it was cut off (copied or written only in part?)"
+        )
+    if part != "dense" or dtype.kind != "f" or rows == 0:
+        return
+    first = min(rows, _NPY_SAMPLE_ROWS)
+    data = _read_range(path, offset, offset + first * width * dtype.itemsize, storage_options,
+                       store_timeouts)  # fmt: skip
+    values = np.frombuffer(data, dtype=dtype).astype(np.float64)
+    wrong = np.flatnonzero(values > _LARGEST_LOG)  # -inf: log(0), a count of -3
+    if wrong.size:
+        row, column = divmod(int(wrong[0]), width)
+        raise ValueError(
+            f"{label}: row {row}, column {column} holds {values[wrong[0]]:g}, which is no "
+            "count's log: a float dense array holds TorchRec's log(x + 3) of the counts, and "
+            "this one seems to hold the counts; save them as integers (a.astype(np.int64))"
+        )
 
 
 def _check_npy(path: str, part: str, dtype: np.dtype, shape: tuple, width: int) -> None:
@@ -502,20 +576,7 @@ class TableReader:
         }
 
     def _range(self, path: str, start: int, end: int) -> bytes:
-        if raw.is_url(path):
-            fs = raw.filesystem(path, self.storage_options, self.store_timeouts)
-            data = raw._bounded(fs, path, f"read bytes {start}-{end} of", "cat_file",
-                                self.store_timeouts, path, start=start, end=end)  # fmt: skip
-        else:
-            with open(path, "rb") as handle:
-                handle.seek(start)
-                data = handle.read(end - start)
-        if len(data) != end - start:
-            raise ValueError(
-                f"{raw._label(path)}: expected {end - start} bytes from byte {start}, found "
-                f"{len(data)}; the file is shorter than its header says (changed or truncated?)"
-            )
-        return data
+        return _read_range(path, start, end, self.storage_options, self.store_timeouts)
 
     def _npy(self, chunk: TableChunk) -> dict[str, np.ndarray]:
         parts = []
@@ -625,9 +686,24 @@ def convert(item: dict[str, Any]) -> dict[str, Any]:
         label = rows.labels(columns["labels"][:, 0], None, "label")
         dense = columns["dense"]
         if dense.dtype.kind == "f":
+            logs = dense.astype(np.float64)
+            # Past this no count's log lies (e**44 is 1.3e19): counts saved as floats, which
+            # would read as inf without a word.
+            wrong = logs > _LARGEST_LOG  # +inf too; -inf is log(0), a count of -3
+            if wrong.any():
+                stored = columns["dense"]
+
+                def say(row: int) -> str:
+                    at = int(np.argmax(wrong[row]))
+                    return (
+                        f"dense column {at} is {stored[row, at]:g}, not TorchRec's log(x + 3) of "
+                        "a count (a float dense array holds those; save counts as integers)"
+                    )
+
+                rows.flag(wrong.any(axis=1), say)
             # TorchRec's log(x + 3), undone; the transform applies it again.
             with np.errstate(over="ignore", invalid="ignore"):
-                dense = np.rint(np.exp(dense.astype(np.float64)) - 3.0)
+                dense = np.rint(np.exp(np.where(wrong, 0.0, logs)) - 3.0)
         hashes = np.empty((n, NUM_SPARSE), dtype=np.uint32)
         for i in range(NUM_SPARSE):
             hashes[:, i] = rows.integers(columns["sparse"][:, i], None, f"sparse column {i}")
