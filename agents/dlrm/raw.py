@@ -413,7 +413,15 @@ def list_tree(
             raise FileNotFoundError(f"{folder} is not a folder of Criteo files")
         files = []
         seen = {os.path.realpath(folder)}
-        for top, folders, names in os.walk(folder, followlinks=True):
+
+        def unreadable(exc: OSError) -> None:
+            # os.walk would leave out a sub-folder it cannot list, and its data with it.
+            raise PermissionError(
+                f"{folder}: could not list {exc.filename} ({exc.strerror or exc}); its files "
+                "would be left out: make it readable (or move it out of the folder)"
+            ) from exc
+
+        for top, folders, names in os.walk(folder, onerror=unreadable, followlinks=True):
             keep = []
             for sub in folders:
                 real = os.path.realpath(os.path.join(top, sub))

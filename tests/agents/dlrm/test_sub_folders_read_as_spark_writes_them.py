@@ -5,6 +5,7 @@ the same files in one folder, in every layout, locally and by URL (``raw.list_tr
 from __future__ import annotations
 
 import gzip
+import os
 
 import numpy as np
 import pytest
@@ -90,3 +91,29 @@ def test_the_cli_refuses_a_file_for_the_data_folder_naming_the_folder(tmp_path):
     (tmp_path / "day_0.tsv").write_bytes(tsv_text(criteo_rows(3, 1)))
     with pytest.raises(SystemExit, match=rf"a file; give the folder that holds it \({tmp_path}\)"):
         load_pipeline("dlrm", data_dir=str(tmp_path / "day_0.tsv"))
+
+
+def test_a_sub_folder_that_cannot_be_listed_is_said_not_left_out(tmp_path, monkeypatch):
+    # Before, os.walk left out a sub-folder it could not list (another user's, mode 700),
+    # and the days in it with it, without a word.
+    for day in ("day_0", "day_1"):
+        (tmp_path / day).mkdir()
+        (tmp_path / day / "part-00000.tsv").write_bytes(tsv_text(criteo_rows(3, 1)))
+    scandir = os.scandir
+
+    def refused(path="."):
+        if str(path).endswith("day_1"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refused)
+    with pytest.raises(PermissionError, match=r"could not list .*day_1 \(Permission denied\)"):
+        build_pipeline(tmp_path, batch_size=4)
+
+
+def test_a_link_back_up_the_folder_is_walked_once(tmp_path):
+    (tmp_path / "day_0").mkdir()
+    (tmp_path / "day_0" / "part-00000.tsv").write_bytes(tsv_text(criteo_rows(3, 1)))
+    (tmp_path / "day_0" / "up").symlink_to(tmp_path, target_is_directory=True)
+    (tmp_path / "linked.tsv").symlink_to(tmp_path / "day_0" / "part-00000.tsv")
+    assert [f["name"] for f in raw.list_tree(tmp_path)] == ["day_0/part-00000.tsv", "linked.tsv"]
