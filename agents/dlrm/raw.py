@@ -939,10 +939,14 @@ def line_problem(line: bytes) -> str | None:
         return None
     fields = line.split(b"\t")
     if len(fields) != FIELDS:
-        unlabelled = " (Criteo's test files have no label: they are not training data)"
+        why = ""
+        if len(fields) == FIELDS - 1:
+            why = " (Criteo's test files have no label: they are not training data)"
+        elif len(fields) == 1 and line.count(b",") in (FIELDS - 1, FIELDS - 2):
+            why = " (it is comma-separated: Criteo text separates its fields with tabs)"
         return (
             f"it has {len(fields)} tab-separated fields; a Criteo line has {FIELDS}, a label "
-            f"and {FIELDS - 1} features{unlabelled if len(fields) == FIELDS - 1 else ''}"
+            f"and {FIELDS - 1} features{why}"
         )
     if fields[0] not in (b"0", b"1"):
         return f"label is {fields[0][:24]!r}, not 0 or 1"

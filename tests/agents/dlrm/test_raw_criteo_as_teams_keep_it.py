@@ -155,3 +155,9 @@ def test_criteos_kaggle_tar_gz_and_its_unlabelled_test_file_are_refused_saying_w
     (test / "test.txt").write_text(unlabelled)
     with pytest.raises(ValueError, match=r"test.txt, line 1: .*39 .*test files have no label"):
         _rows(test, batch_size=4)
+
+
+def test_a_comma_separated_file_is_said_to_be_one(tmp_path):
+    (tmp_path / "day_0.txt").write_text("\n".join(_line(n).replace("\t", ",") for n in range(3)))
+    with pytest.raises(ValueError, match=r"day_0.txt, line 1: .*it is comma-separated"):
+        _rows(tmp_path, batch_size=4)
