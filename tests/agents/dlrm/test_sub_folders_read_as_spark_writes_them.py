@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agents.__main__ import load_pipeline
 from agents.dlrm import formats, raw
@@ -117,3 +119,35 @@ def test_a_link_back_up_the_folder_is_walked_once(tmp_path):
     (tmp_path / "day_0" / "up").symlink_to(tmp_path, target_is_directory=True)
     (tmp_path / "linked.tsv").symlink_to(tmp_path / "day_0" / "part-00000.tsv")
     assert [f["name"] for f in raw.list_tree(tmp_path)] == ["day_0/part-00000.tsv", "linked.tsv"]
+
+
+_PART = st.text(alphabet="ab_.-= é0129", min_size=1, max_size=6).filter(
+    lambda p: p not in (".", "..") and "/" not in p
+)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(paths=st.lists(st.lists(_PART, min_size=1, max_size=3), min_size=1, max_size=8))
+def test_a_folder_and_its_file_and_memory_urls_list_the_same_tree(tmp_path_factory, paths):
+    folder = tmp_path_factory.mktemp("tree")
+    store = raw.filesystem("memory://")
+    prefix = f"/tree-{folder.name}"
+    written = set()
+    for parts in paths:
+        name = "/".join(parts)
+        if any(name.startswith(w + "/") or w.startswith(name + "/") for w in written | {name}):
+            continue  # a name both a file and a folder
+        written.add(name)
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(name.encode())
+        store.pipe_file(f"{prefix}/{name}", name.encode())
+    wanted = sorted(
+        (n for n in written if not any(p.startswith(("_", ".")) for p in n.split("/"))),
+        key=raw.natural_key,
+    )
+    for location in (folder, f"file://{folder}", f"memory://{prefix}"):
+        listed = raw.list_tree(location)
+        assert [f["name"] for f in listed] == wanted, location
+        assert [f["size"] for f in listed] == [len(n.encode()) for n in wanted]
