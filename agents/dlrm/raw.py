@@ -49,10 +49,12 @@ an integer) are not rows: they are left out when the file is indexed, so a chunk
 ``batch_size`` rows whatever lies between them, and errors still name a line by its number
 in the file.
 
-A malformed line (not 40 tab-separated fields, a label that is not 0 or 1, an integer
-feature that is not an integer, a categorical feature that is not 8 hex digits) stops the
-pipeline with an error naming the file and the line (``bad_lines="error"``), or is skipped
-and counted (``"skip"``). A folder whose files hold no line at all is refused when the
+A categorical value is Criteo's 8 hex digits, either case; one of fewer digits (its leading
+zeros dropped by whatever wrote it) reads as its value, as in a Parquet file. A malformed line
+(not 40 tab-separated fields, a label that is not 0 or 1, an integer feature that is not an
+integer, a categorical feature that is not hex of at most 8 digits) stops the pipeline with
+an error naming the file and the line (``bad_lines="error"``), or is skipped and counted
+(``"skip"``). A folder whose files hold no line at all is refused when the
 pipeline is built.
 """
 
@@ -930,7 +932,7 @@ class _Cursor:
 
 
 _INTEGER = re.compile(rb"-?[0-9]{1,19}")
-_HASH = re.compile(rb"[0-9a-fA-F]{8}")
+_HASH = re.compile(rb"[0-9a-fA-F]{1,8}")
 
 
 def line_problem(line: bytes) -> str | None:
@@ -955,7 +957,7 @@ def line_problem(line: bytes) -> str | None:
             return f"integer feature I{i} is {value[:24]!r}"
     for i, value in enumerate(fields[1 + NUM_DENSE :], 1):
         if value and not _HASH.fullmatch(value):
-            return f"categorical feature C{i} is {value[:24]!r}, not 8 hex digits"
+            return f"categorical feature C{i} is {value[:24]!r}, not hex of at most 8 digits"
     return None
 
 

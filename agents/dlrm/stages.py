@@ -119,11 +119,18 @@ def _parse_integers(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
 
 
 def _parse_hex(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple:
-    """8-hex-digit categorical hashes to uint32, and a mask of the fields present."""
+    """Categorical hashes of up to 8 hex digits (Criteo's are 8; fewer read as their value,
+    as a Parquet file's do) to uint32, and a mask of the fields present."""
     present = lengths > 0
-    if np.any(present & (lengths != 8)):
-        raise ValueError("a categorical feature is not 8 hex digits (nor empty)")
-    nibbles = _HEX[raw[starts[..., None] + np.arange(8)]]
+    if np.any(lengths > 8):
+        raise ValueError("a categorical feature has more than 8 hex digits")
+    if np.any(present & (lengths < 8)):
+        # The 8 bytes that end where the value ends; those before its start are leading zeros.
+        at = (starts + lengths)[..., None] - 8 + np.arange(8)
+        nibbles = _HEX[raw[np.maximum(at, 0)]]
+        nibbles[at < starts[..., None]] = 0
+    else:
+        nibbles = _HEX[raw[starts[..., None] + np.arange(8)]]
     if np.any(present[..., None] & (nibbles > 15)):
         raise ValueError("a categorical feature holds a character that is not a hex digit")
     shifts = np.arange(28, -1, -4, dtype=np.uint32)

@@ -161,3 +161,33 @@ def test_a_comma_separated_file_is_said_to_be_one(tmp_path):
     (tmp_path / "day_0.txt").write_text("\n".join(_line(n).replace("\t", ",") for n in range(3)))
     with pytest.raises(ValueError, match=r"day_0.txt, line 1: .*it is comma-separated"):
         _rows(tmp_path, batch_size=4)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    hashes=st.lists(st.integers(0, 2**32 - 1), min_size=26, max_size=26),
+    upper=st.booleans(),
+)
+def test_hex_without_its_leading_zeros_reads_as_its_value_as_parquet_reads_it(
+    tmp_path_factory, hashes, upper
+):
+    # Before, "a1b2c" (a writer that dropped the leading zeros of 000a1b2c) was a bad line,
+    # while a Parquet file's "a1b2c" read as 0xa1b2c.
+    def text(width: str) -> str:
+        values = [format(h, width).upper() if upper else format(h, width) for h in hashes]
+        return "\t".join(["1", *map(str, range(13)), *values]) + "\n"
+
+    padded, stripped = tmp_path_factory.mktemp("padded"), tmp_path_factory.mktemp("stripped")
+    (padded / "day_0.tsv").write_text(text("08x") * 3)
+    (stripped / "day_0.tsv").write_text(text("x") * 3)
+    _assert_same_rows(_rows(stripped, batch_size=2), _rows(padded, batch_size=2))
+    assert _rows(stripped, batch_size=2)["sparse"][0].tolist() == hashes
+
+
+def test_hex_of_nine_digits_is_still_a_bad_line(tmp_path):
+    fields = _line(1).split("\t")
+    (tmp_path / "day_0.tsv").write_text("\t".join([*fields[:14], "123456789", *fields[15:]]))
+    with pytest.raises(ValueError, match=r"line 1: categorical feature C1 is b'123456789', not"):
+        _rows(tmp_path, batch_size=4)
