@@ -511,11 +511,12 @@ def _check_schema(name: str, schema: Any, columns: Columns) -> None:
 
     if not numeric(value_type(columns.label)):
         kind = value_type(columns.label)
-        raise ValueError(f"{name}: column {columns.label} is {kind}, not a number")
+        raise ValueError(f"{name}: column {columns.label} is {kind}, not a number{_as_text(kind)}")
     for column in columns.dense:
         # A column of nulls only (pandas writes a column of None as type null): all missing.
         if not (numeric(value_type(column)) or types.is_null(value_type(column))):
-            raise ValueError(f"{name}: column {column} is {value_type(column)}, not a number")
+            kind = value_type(column)
+            raise ValueError(f"{name}: column {column} is {kind}, not a number{_as_text(kind)}")
     for column in columns.sparse:
         kind = value_type(column)
         if not (types.is_integer(kind) or text(kind) or types.is_null(kind)):
@@ -523,6 +524,18 @@ def _check_schema(name: str, schema: Any, columns: Columns) -> None:
                 f"{name}: column {column} is {kind}; a categorical feature is hex strings "
                 "(Criteo's 8 hex digits) or integers already hashed"
             )
+
+
+def _as_text(kind: Any) -> str:
+    """What to do about numbers stored as text (a CSV read without a schema leaves them so)."""
+    types = _pyarrow().types
+    if not any(is_kind(kind) for is_kind in (types.is_string, types.is_large_string,
+                                              types.is_binary, types.is_large_binary)):  # fmt: skip
+        return ""
+    return (
+        " (numbers stored as text, as a CSV read without a schema leaves them: write the "
+        "label and I1..I13 as integers, e.g. Spark's .cast('int') or pandas' to_numeric)"
+    )
 
 
 class _StoreFile(raw._Object):

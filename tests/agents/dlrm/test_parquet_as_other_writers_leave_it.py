@@ -54,3 +54,12 @@ def test_binary_categoricals_and_columns_of_nulls_only_read_as_strings_with_null
     assert not mine["sparse_present"][:, 21].any() and np.isnan(mine["dense"][:, 11]).all()
     for key in expected:
         np.testing.assert_array_equal(mine[key], expected[key])
+
+
+def test_numbers_stored_as_text_are_refused_saying_to_write_them_as_integers(tmp_path):
+    # Before: "column label is string, not a number", without what to do.
+    table = parquet_table(criteo_rows(5, 1))
+    table = table.set_column(0, "label", table.column(0).cast(pa.string()))
+    _write(tmp_path / "text", table, row_group=5)
+    with pytest.raises(ValueError, match=r"column label is string, not a number \(numbers stored"):
+        formats.plan_chunks(tmp_path / "text", "parquet", 4)
