@@ -605,7 +605,7 @@ class TableReader:
     def _parquet(self, chunk: TableChunk) -> dict[str, Any]:
         pa = _pyarrow()
         path = chunk.paths[0]
-        tables = [self._group(path, g) for g in chunk.groups]
+        tables = [self._group(path, g, chunk.name) for g in chunk.groups]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         table = table.slice(chunk.start - chunk.group_start, chunk.rows)
         if table.num_rows != chunk.rows:
@@ -620,15 +620,29 @@ class TableReader:
             "sparse": [_column(table, name) for name in names.sparse],
         }
 
-    def _group(self, path: str, group: int) -> Any:
+    def _group(self, path: str, group: int, name: str) -> Any:
         key = (path, group)
         table = self._groups.pop(key, None)
         if table is None:
-            # One thread: a worker is one CPU slot of the host's budget (pyarrow's own pool
-            # would take every core behind the tuner's back).
-            table = self._file(path).read_row_group(
-                group, columns=self.columns.names, use_threads=False
-            )
+            pa = _pyarrow()
+            try:
+                # One thread: a worker is one CPU slot of the host's budget (pyarrow's own
+                # pool would take every core behind the tuner's back).
+                table = self._file(path).read_row_group(
+                    group, columns=self.columns.names, use_threads=False
+                )
+            except (OSError, pa.ArrowException) as exc:
+                if isinstance(exc, raw.StoreError):
+                    raise
+                # pyarrow says "Couldn't deserialize thrift" or "File too short", not which
+                # file, nor why: a file rewritten under the reader (a Spark job run again).
+                said = " ".join(str(exc).split())[:200]
+                raise ValueError(
+                    f"{name}: could not read its row group {group} ({type(exc).__name__}: "
+                    f"{said}); the file changed after the pipeline was built (written again "
+                    "while it was read?) or is damaged: start the pipeline again once it is "
+                    "whole"
+                ) from None
         self._groups[key] = table  # most recently used last
         while len(self._groups) > self.keep_groups:
             self._groups.popitem(last=False)

@@ -63,3 +63,19 @@ def test_numbers_stored_as_text_are_refused_saying_to_write_them_as_integers(tmp
     _write(tmp_path / "text", table, row_group=5)
     with pytest.raises(ValueError, match=r"column label is string, not a number \(numbers stored"):
         formats.plan_chunks(tmp_path / "text", "parquet", 4)
+
+
+def test_a_file_written_again_while_it_is_read_is_named_and_said_to_have_changed(tmp_path):
+    # Before: pyarrow's "OSError: Couldn't deserialize thrift: TProtocolException: Invalid
+    # data" or "ArrowInvalid: Some index in row_group_indices is 2", naming no file.
+    folder = tmp_path / "spark"
+    _write(folder, parquet_table(criteo_rows(40, 2)), row_group=10)
+    chunks = formats.plan_chunks(folder, "parquet", 8)
+    reader, parser = formats.TableReader(), formats.TableParse(raw.BadLines())
+    parser(reader(chunks[0]))  # the worker holds the file open, its footer read
+    pq.write_table(
+        parquet_table(criteo_rows(12, 3)), folder / "part-00000.parquet", row_group_size=6
+    )
+    for reading in (reader, formats.TableReader()):  # with the old footer, and a new one's
+        with pytest.raises(ValueError, match=r"part-00000.parquet: .*the file changed after"):
+            parser(reading(chunks[3]))
