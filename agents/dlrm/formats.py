@@ -17,7 +17,8 @@ fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one
 The files lie in the folder or in its sub-folders, read in the natural order of their paths
 under it: a Spark output of ``day_0/part-00000-....parquet`` or ``date=.../part-...`` is given
 as the folder Spark wrote. Files and folders named ``_*`` or ``.*`` are not data (Spark's
-``_SUCCESS``, its unfinished ``_temporary/`` and its ``.crc`` files). A file given for the
+``_SUCCESS``, its unfinished ``_temporary/`` and its ``.crc`` files), nor is a disk's
+``lost+found``. A sub-folder that cannot be listed is an error, not left out. A file given for the
 folder is refused, naming the folder to give. Errors name a file by its path under the folder
 (``date=2026-11-28/part-00000.parquet, row 12``).
 

@@ -389,8 +389,9 @@ def natural_key(name: str) -> list:
 
 def _left_out(name: str) -> bool:
     """Files and folders that are not data: Spark's ``_SUCCESS``, ``_temporary/`` and ``.crc``
-    files, NVTabular's ``_metadata``, hidden files, our own index."""
-    return name.startswith(("_", "."))
+    files, NVTabular's ``_metadata``, hidden files, our own index, and the ``lost+found`` of a
+    disk's root (which only root may list)."""
+    return name.startswith(("_", ".")) or name == "lost+found"
 
 
 def list_tree(

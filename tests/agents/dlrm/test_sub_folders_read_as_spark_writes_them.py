@@ -104,13 +104,16 @@ def test_a_sub_folder_that_cannot_be_listed_is_said_not_left_out(tmp_path, monke
     scandir = os.scandir
 
     def refused(path="."):
-        if str(path).endswith("day_1"):
+        if str(path).endswith(("day_1", "lost+found")):
             raise PermissionError(13, "Permission denied", str(path))
         return scandir(path)
 
     monkeypatch.setattr(os, "scandir", refused)
     with pytest.raises(PermissionError, match=r"could not list .*day_1 \(Permission denied\)"):
         build_pipeline(tmp_path, batch_size=4)
+    # A disk's lost+found, which only root may list, is not data: the days read.
+    (tmp_path / "day_1").rename(tmp_path / "lost+found")
+    assert [f["name"] for f in raw.list_tree(tmp_path)] == ["day_0/part-00000.tsv"]
 
 
 def test_a_link_back_up_the_folder_is_walked_once(tmp_path):
