@@ -14,9 +14,11 @@ fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one
   (another naming: ``Columns``, given as ``columns``). Files named ``_*`` or ``.*`` (Spark's
   ``_SUCCESS``, NVTabular's ``_metadata`` and ``_file_list.txt``) are left out.
 
-The files lie in the folder or in its sub-folders, read in the natural order of their paths
-under it: a Spark output of ``day_0/part-00000-....parquet`` or ``date=.../part-...`` is given
-as the folder Spark wrote. Files and folders named ``_*`` or ``.*`` are not data (Spark's
+The files lie in the folder or, when it holds none itself, in its sub-folders, read in the
+natural order of their paths under it: a Spark output of ``day_0/part-00000-....parquet`` or
+``date=.../part-...`` is given as the folder Spark wrote. (A folder that holds files of its own
+is read as always, its own files only: sub-folders beside them, a ``sample/`` or ``raw/``, are
+left out, and said so in the log.) Files and folders named ``_*`` or ``.*`` are not data (Spark's
 ``_SUCCESS``, its unfinished ``_temporary/`` and its ``.crc`` files), nor is a disk's
 ``lost+found``. A sub-folder that cannot be listed is an error, not left out. A file given for the
 folder is refused, naming the folder to give. Errors name a file by its path under the folder
@@ -175,7 +177,12 @@ def list_files(
     """Every file of a folder or under a URL prefix, its sub-folders' too, by name (its path
     under ``location``; ``_*`` and ``.*`` left out, see ``raw.list_tree``), with its path or
     URL."""
-    return {f["name"]: f["path"] for f in raw.list_tree(location, storage_options, store_timeouts)}
+
+    def data(name: str) -> bool:
+        return layout_of(name) is not None
+
+    listed = raw.list_tree(location, storage_options, store_timeouts, data)
+    return {f["name"]: f["path"] for f in listed}
 
 
 def layout_of(name: str) -> str | None:

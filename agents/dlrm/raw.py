@@ -398,12 +398,40 @@ def list_tree(
     location: str | Path,
     storage_options: dict[str, Any] | None = None,
     timeouts: StoreTimeouts | None = None,
+    data: Any = None,
 ) -> list[dict[str, Any]]:
-    """Every file under a folder or URL prefix, its sub-folders' too (Spark writes
-    ``day_0/part-00000...`` or ``date=.../part-...``), in natural order of their names: each
-    with its ``name`` (its path under ``location``, ``/``-separated), ``path`` (a path or
-    URL), ``size`` and what tells a changed file (``mtime_ns``; in a store ``etag`` and
-    ``mtime``). Files and folders named ``_*`` or ``.*`` are left out (``_left_out``)."""
+    """The files of a folder or URL prefix, in natural order of their names: each with its
+    ``name`` (its path under ``location``, ``/``-separated), ``path`` (a path or URL),
+    ``size`` and what tells a changed file (``mtime_ns``; in a store ``etag`` and ``mtime``).
+
+    The files of its sub-folders too (Spark writes ``day_0/part-00000...`` or
+    ``date=.../part-...`` beside a ``_SUCCESS``), unless the folder itself holds data
+    (``data(name)`` true of one of its own files): then its own files only, as a folder was
+    always read (a ``sample/`` or ``raw/`` sub-folder beside the days is not read twice over
+    them), and the sub-folders' data files left out are logged. Files and folders named ``_*``
+    or ``.*`` are left out (``_left_out``)."""
+    files = _tree(location, storage_options, timeouts)
+    data = data or (lambda name: True)
+    own = [f for f in files if "/" not in f["name"]]
+    if any(data(f["name"]) for f in own):
+        below = [f["name"] for f in files if "/" in f["name"] and data(f["name"])]
+        if below:
+            folders = sorted({n.split("/", 1)[0] + "/" for n in below}, key=natural_key)
+            shown = ", ".join(folders[:6]) + (" ..." if len(folders) > 6 else "")
+            log.warning(
+                "%s: reading the files in the folder itself; %d more in its sub-folders (%s) "
+                "are left out (give a sub-folder to read it)", location, len(below), shown,
+            )  # fmt: skip
+        files = own
+    return files
+
+
+def _tree(
+    location: str | Path,
+    storage_options: dict[str, Any] | None = None,
+    timeouts: StoreTimeouts | None = None,
+) -> list[dict[str, Any]]:
+    """Every file under ``location``, its sub-folders' too (``list_tree``)."""
     if is_url(location):
         files = _store_tree(str(location), storage_options, timeouts)
     else:
@@ -484,6 +512,10 @@ def _store_tree(
     return files
 
 
+def _is_raw(name: str) -> bool:
+    return name.endswith(SUFFIXES)
+
+
 def store_files(
     url: str, storage_options: dict[str, Any] | None = None, timeouts: StoreTimeouts | None = None
 ) -> list[dict[str, Any]]:
@@ -491,7 +523,7 @@ def store_files(
     store, each with its ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
     files = [
         {"url": f["path"], **{k: f[k] for k in ("name", "size", "etag", "mtime")}}
-        for f in list_tree(url, storage_options, timeouts)
+        for f in list_tree(url, storage_options, timeouts, _is_raw)
         if f["name"].endswith(SUFFIXES)
     ]
     if not files:
@@ -504,7 +536,7 @@ def store_files(
 
 def data_files(folder: str | Path) -> list[dict[str, Any]]:
     """The Criteo files of a folder and its sub-folders, by name (``list_tree``'s entries)."""
-    files = [f for f in list_tree(folder) if f["name"].endswith(SUFFIXES)]
+    files = [f for f in list_tree(folder, data=_is_raw) if f["name"].endswith(SUFFIXES)]
     if not files:
         raise FileNotFoundError(
             f"{folder} holds no Criteo files ({', '.join('*' + s for s in SUFFIXES)}); "

@@ -120,8 +120,10 @@ def test_a_link_back_up_the_folder_is_walked_once(tmp_path):
     (tmp_path / "day_0").mkdir()
     (tmp_path / "day_0" / "part-00000.tsv").write_bytes(tsv_text(criteo_rows(3, 1)))
     (tmp_path / "day_0" / "up").symlink_to(tmp_path, target_is_directory=True)
-    (tmp_path / "linked.tsv").symlink_to(tmp_path / "day_0" / "part-00000.tsv")
-    assert [f["name"] for f in raw.list_tree(tmp_path)] == ["day_0/part-00000.tsv", "linked.tsv"]
+    (tmp_path / "day_1").mkdir()
+    (tmp_path / "day_1" / "linked.tsv").symlink_to(tmp_path / "day_0" / "part-00000.tsv")
+    names = [f["name"] for f in raw.list_tree(tmp_path)]
+    assert names == ["day_0/part-00000.tsv", "day_1/linked.tsv"]
 
 
 _PART = st.text(alphabet="ab_.-= é0129", min_size=1, max_size=6).filter(
@@ -150,7 +152,24 @@ def test_a_folder_and_its_file_and_memory_urls_list_the_same_tree(tmp_path_facto
         (n for n in written if not any(p.startswith(("_", ".")) for p in n.split("/"))),
         key=raw.natural_key,
     )
+    if any("/" not in n for n in wanted):  # the folder holds files of its own: those only
+        wanted = [n for n in wanted if "/" not in n]
     for location in (folder, f"file://{folder}", f"memory://{prefix}"):
         listed = raw.list_tree(location)
         assert [f["name"] for f in listed] == wanted, location
         assert [f["size"] for f in listed] == [len(n.encode()) for n in wanted]
+
+
+def test_a_folder_with_days_of_its_own_reads_those_and_says_it_left_its_sub_folders(
+    tmp_path, caplog
+):
+    # As a folder was always read: a sample/ beside the days is not read twice over them.
+    rows = criteo_rows(30, 6)
+    (tmp_path / "day_0.tsv").write_bytes(tsv_text(rows.part(0, 20)))
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "sample" / "day_0.tsv").write_bytes(tsv_text(rows.part(0, 5)))
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "day_0.gz").write_bytes(gzip.compress(tsv_text(rows.part(20, 30))))
+    with caplog.at_level("WARNING", logger="agents.dlrm.raw"):
+        assert _rows(tmp_path, batch_size=8)["labels"].size == 20
+    assert "2 more in its sub-folders (raw/, sample/) are left out" in caplog.text
