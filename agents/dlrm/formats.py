@@ -63,8 +63,9 @@ How values map (documented defaults; what does not fit is said, naming the file 
   log). A float above 44 (or +inf) is no count's log: its row is a bad row (counts saved
   as floats; save them as integers). An integer array holds the counts themselves. TorchRec wrote a missing value as 0,
   so it reads as 0, which the transform treats as it treats a missing one;
-- Parquet dense: ints or floats as the counts; null is missing (NaN), and so is every value
-  of a column of type null (pandas writes a column of None so);
+- Parquet dense: ints, floats or decimals (SQL engines' DECIMAL) as the counts; null is
+  missing (NaN), and so is every value of a column of type null (pandas writes a column of
+  None so);
 - sparse: hex strings of up to 8 digits (Criteo's own; Parquet strings, or binary as Hive and
   Impala write them), empty or null missing (a column of type null: all); or integers
   already hashed, taken as 32-bit hashes: an int32 as its 32 bits (TorchRec's int32 files hold
@@ -507,7 +508,12 @@ def _check_schema(name: str, schema: Any, columns: Columns) -> None:
         return kind.value_type if types.is_dictionary(kind) else kind
 
     def numeric(kind: Any) -> bool:
-        return types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind)
+        # Decimals: SQL engines (Hive, Spark SQL, Trino) write DECIMAL columns so.
+        return any(
+            is_kind(kind)
+            for is_kind in (types.is_integer, types.is_floating, types.is_boolean,
+                            types.is_decimal)
+        )  # fmt: skip
 
     def text(kind: Any) -> bool:
         # Hive, Impala and older Spark write strings as plain binary (no UTF8 annotation).
@@ -706,6 +712,8 @@ def _column(table: Any, name: str) -> dict[str, Any]:
         return {"name": name, "offsets": offsets - base, "data": data, "null": null}
     if pa.types.is_boolean(array.type):
         array = array.cast(pa.int8())
+    elif pa.types.is_decimal(array.type):
+        array = array.cast(pa.float64())  # numpy would hold Decimal objects
     values = array.fill_null(0).to_numpy(zero_copy_only=False)
     return {"name": name, "values": values, "null": null}
 

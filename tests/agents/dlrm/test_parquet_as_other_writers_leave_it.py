@@ -27,11 +27,12 @@ def _write(folder, table, row_group: int) -> None:
 
 
 @pytest.mark.parametrize("dictionary", [False, True], ids=["plain", "dictionary-encoded"])
-def test_binary_categoricals_and_columns_of_nulls_only_read_as_strings_with_nulls(
+def test_binary_categoricals_decimals_and_columns_of_nulls_read_as_strings_ints_and_nulls(
     tmp_path, dictionary
 ):
     # Before, a binary column was refused ("column C1 is binary; a categorical feature is
-    # hex strings") and so was a column of type null ("column C22 is null").
+    # hex strings"), and so were a column of type null ("column C22 is null") and a decimal
+    # one ("column label is decimal128(20, 0), not a number").
     rows = criteo_rows(45, 11)
     rows.dense_missing[:, 11] = True  # I12
     rows.sparse_missing[:, 21] = True  # C22: all missing, as in small files of Criteo's
@@ -43,6 +44,9 @@ def test_binary_categoricals_and_columns_of_nulls_only_read_as_strings_with_null
     for name in ("I12", "C22"):
         at = theirs.schema.get_field_index(name)
         theirs = theirs.set_column(at, name, pa.nulls(len(rows)))
+    for name in ("label", "I1", "I2"):  # a SQL engine's DECIMAL
+        at = theirs.schema.get_field_index(name)
+        theirs = theirs.set_column(at, name, theirs.column(at).cast(pa.decimal128(20, 0)))
     _write(tmp_path / "strings", strings, row_group=45)
     folder = tmp_path / "binary"
     folder.mkdir()
