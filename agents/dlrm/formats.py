@@ -459,6 +459,8 @@ def _parquet_file(
     except (pa.ArrowInvalid, OSError) as exc:
         if isinstance(exc, raw.StoreError):
             raise
+        if isinstance(exc, PermissionError) and not raw.is_url(path):
+            raise raw.unreadable(path, exc) from None  # not "not a Parquet file"
         raise ValueError(f"{raw._label(path)}: not a Parquet file we can read ({exc})") from None
 
 

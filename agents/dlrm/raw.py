@@ -333,7 +333,18 @@ def _open(
     one bounded ranged request of what was asked)."""
     if is_url(path):
         return _Object(filesystem(path, storage_options, timeouts), path, timeouts)
-    return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    try:
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    except PermissionError as exc:
+        raise unreadable(path, exc) from None
+
+
+def unreadable(path: str, exc: OSError) -> PermissionError:
+    """The error for a local file this process may not read, saying what to do."""
+    return PermissionError(
+        f"{path}: this process (user id {os.geteuid()}) may not read it "
+        f"({exc.strerror or exc}): make it readable (chmod a+r), or move it out of the folder"
+    )
 
 
 class _Object:

@@ -4,6 +4,7 @@ the same files in one folder, in every layout, locally and by URL (``raw.list_tr
 
 from __future__ import annotations
 
+import builtins
 import gzip
 import os
 
@@ -173,3 +174,35 @@ def test_a_folder_with_days_of_its_own_reads_those_and_says_it_left_its_sub_fold
     with caplog.at_level("WARNING", logger="agents.dlrm.raw"):
         assert _rows(tmp_path, batch_size=8)["labels"].size == 20
     assert "2 more in its sub-folders (raw/, sample/) are left out" in caplog.text
+
+
+@pytest.mark.parametrize("layout", ["raw", "npy", "parquet"])
+def test_a_file_this_process_may_not_read_is_said_with_what_to_do(tmp_path, monkeypatch, layout):
+    # Before: "[Errno 13] Permission denied: '.../b.tsv'"; for Parquet, "b.parquet: not a
+    # Parquet file we can read (... Permission denied)". (This host's tests run as root, who
+    # reads every file: the refusal is the kernel's, stood in for.)
+    rows = criteo_rows(6, 1)
+    _write(tmp_path, layout, "day_0", rows)
+    locked = {"raw": "day_0.gz", "npy": "day_0_sparse.npy", "parquet": "day_0.parquet"}[layout]
+    real_open = builtins.open
+
+    def refused(path, *args, **kwargs):
+        if str(path).endswith(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(raw, "open", refused, raising=False)
+    original = pq.ParquetFile
+
+    def parquet_refused(source, *args, **kwargs):
+        if str(source).endswith(locked):
+            raise PermissionError(
+                f"Failed to open local file '{source}'. [errno 13] Permission denied"
+            )
+        return original(source, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", parquet_refused)
+    with pytest.raises(
+        PermissionError, match=rf"{locked}: this process .* may not read it .*chmod"
+    ):
+        build_pipeline(tmp_path, batch_size=4)
