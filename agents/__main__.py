@@ -232,6 +232,11 @@ def load_pipeline(
             "malformed lines"
         )
     url = data_dir is not None and "://" in data_dir
+    if data_dir is not None and not url and Path(data_dir).expanduser().is_file():
+        raise SystemExit(
+            f"--data-dir {data_dir}: a file; give the folder that holds it "
+            f"({Path(data_dir).expanduser().parent})"
+        )
     if data_dir is not None and not url and not Path(data_dir).expanduser().is_dir():
         raise SystemExit(
             f"--data-dir {data_dir}: no such folder; give a folder of Criteo files (.tsv, .txt, "

@@ -14,8 +14,15 @@ fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one
   (another naming: ``Columns``, given as ``columns``). Files named ``_*`` or ``.*`` (Spark's
   ``_SUCCESS``, NVTabular's ``_metadata`` and ``_file_list.txt``) are left out.
 
-The files lie in the folder itself (a Spark output partitioned into sub-folders, ``date=.../``,
-is given one sub-folder at a time).
+The files lie in the folder or, when it holds none itself, in its sub-folders, read in the
+natural order of their paths under it: a Spark output of ``day_0/part-00000-....parquet`` or
+``date=.../part-...`` is given as the folder Spark wrote. (A folder that holds files of its own
+is read as always, its own files only: sub-folders beside them, a ``sample/`` or ``raw/``, are
+left out, and said so in the log.) Files and folders named ``_*`` or ``.*`` are not data (Spark's
+``_SUCCESS``, its unfinished ``_temporary/`` and its ``.crc`` files), nor is a disk's
+``lost+found``. A sub-folder that cannot be listed is an error, not left out. A file given for the
+folder is refused, naming the folder to give. Errors name a file by its path under the folder
+(``date=2026-11-28/part-00000.parquet, row 12``).
 
 ``detect_layout`` picks the layout from the file names; ``data_format`` (``--data-format``)
 forces one (``raw``, ``npy``, ``parquet``) and leaves the other files aside. A folder holding
@@ -53,10 +60,14 @@ How values map (documented defaults; what does not fit is said, naming the file 
 - npy dense: a float array holds TorchRec's ``log(x + 3)`` of the counts (missing as 0): it is
   undone, ``round(exp(v) - 3)``, so the pipeline's own transform applies it once (integer
   counts up to about 500,000 come back exactly; beyond, within float32's precision of the
-  log). An integer array holds the counts themselves. TorchRec wrote a missing value as 0,
+  log). A float above 44 (or +inf) is no count's log: its row is a bad row (counts saved
+  as floats; save them as integers). An integer array holds the counts themselves. TorchRec wrote a missing value as 0,
   so it reads as 0, which the transform treats as it treats a missing one;
-- Parquet dense: ints or floats as the counts; null is missing (NaN);
-- sparse: hex strings of up to 8 digits (Criteo's own), empty or null missing; or integers
+- Parquet dense: ints, floats or decimals (SQL engines' DECIMAL) as the counts; null is
+  missing (NaN), and so is every value of a column of type null (pandas writes a column of
+  None so);
+- sparse: hex strings of up to 8 digits (Criteo's own; Parquet strings, or binary as Hive and
+  Impala write them), empty or null missing (a column of type null: all); or integers
   already hashed, taken as 32-bit hashes: an int32 as its 32 bits (TorchRec's int32 files hold
   the hashes of 2**31 and above as negative numbers), a wider int in [0, 2**32). npy has no
   missing value: TorchRec wrote it as 0, which reads as missing;
@@ -64,8 +75,9 @@ How values map (documented defaults; what does not fit is said, naming the file 
   naming the file and row (rows counted from 0, as numpy and pyarrow count them), or with
   ``bad_lines="skip"`` is dropped and counted in ``pipeline.bad_lines``;
 - a file that does not fit as a whole (a missing column, a column of the wrong type, an npy
-  array of the wrong shape, a day missing one of its three files or whose files disagree on
-  the number of rows) is refused when the pipeline is built, naming it.
+  array of the wrong shape or shorter than its header says, a float dense array whose first
+  4,096 rows hold counts rather than their logs, a day missing one of its three files or whose
+  files disagree on the number of rows) is refused when the pipeline is built, naming it.
 
 Reading Parquet needs pyarrow (``pip install 'intune[parquet]'``); it is imported only then.
 """
@@ -92,9 +104,12 @@ LAYOUT_NAMES = {"raw": "raw Criteo text", "npy": "TorchRec npy", "parquet": "Par
 NPY_PARTS = ("dense", "sparse", "labels")
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 _NPY_NAME = re.compile(r"^(?P<day>.+)_(?P<part>dense|sparse|labels)\.npy$")
-_NUMBER = re.compile(r"(\d+)")
 # The most an npy header takes (format 1.0 holds at most 65535 bytes of header).
 _NPY_HEAD = 65536 + 16
+# The largest float an npy dense array may hold: log(x + 3) of a count below 1.3e19.
+_LARGEST_LOG = 44.0
+# The rows of a float dense array looked at when the pipeline is built (counts, not logs?).
+_NPY_SAMPLE_ROWS = 4096
 # A Parquet row group larger than this is worth a word (about 60 MB decoded, per read worker).
 _LARGE_GROUP = 262_144
 _WHAT_IS_READ = (
@@ -149,9 +164,7 @@ class TableChunk:
     group_start: int = 0
 
 
-def natural_key(name: str) -> list:
-    """Sorts ``day_2`` before ``day_10``."""
-    return [int(p) if p.isdigit() else p for p in _NUMBER.split(name)]
+natural_key = raw.natural_key  # sorts ``day_2`` before ``day_10``
 
 
 # ----------------------------------------------------------------------------- finding files
@@ -162,32 +175,15 @@ def list_files(
     storage_options: dict[str, Any] | None = None,
     store_timeouts: raw.StoreTimeouts | None = None,
 ) -> dict[str, str]:
-    """Every file of a folder or under a URL prefix, by name (``_*`` and ``.*`` left out),
-    with its path or URL."""
-    if raw.is_url(location):
-        root = str(location).rstrip("/")
-        fs = raw.filesystem(root, storage_options, store_timeouts)
-        try:
-            fs.invalidate_cache(root)
-            entries = raw._bounded(fs, root, "list", "ls", store_timeouts, root, detail=True)
-        except FileNotFoundError:
-            entries = []
-        except raw.StoreError:
-            raise
-        except Exception as exc:
-            raise raw.StoreError(raw._store_failure(root, "list", exc)) from None
-        names = [
-            str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
-            for e in entries
-            if e.get("type") == "file"
-        ]
-        found = {n: f"{root}/{n}" for n in names}
-    else:
-        folder = Path(location)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder} is not a folder of Criteo files")
-        found = {p.name: str(p) for p in folder.iterdir() if p.is_file()}
-    return {n: found[n] for n in sorted(found, key=natural_key) if not n.startswith(("_", "."))}
+    """Every file of a folder or under a URL prefix, its sub-folders' too, by name (its path
+    under ``location``; ``_*`` and ``.*`` left out, see ``raw.list_tree``), with its path or
+    URL."""
+
+    def data(name: str) -> bool:
+        return layout_of(name) is not None
+
+    listed = raw.list_tree(location, storage_options, store_timeouts, data)
+    return {f["name"]: f["path"] for f in listed}
 
 
 def layout_of(name: str) -> str | None:
@@ -310,6 +306,8 @@ def _plan_npy(
             path = parts[part]
             offset, dtype, shape = npy_header(path, storage_options, store_timeouts)
             _check_npy(path, part, dtype, shape, width)
+            _check_npy_data(path, part, offset, dtype, shape[0], width, storage_options,
+                            store_timeouts)  # fmt: skip
             arrays.append((offset, dtype.str, width))
             counts.append(shape[0])
         if len(set(counts)) > 1:
@@ -346,6 +344,72 @@ def npy_header(
             "(save it with np.save(np.ascontiguousarray(a)))"
         )
     return stream.tell(), dtype, tuple(shape)
+
+
+def _read_range(
+    path: str,
+    start: int,
+    end: int,
+    storage_options: dict[str, Any] | None = None,
+    store_timeouts: raw.StoreTimeouts | None = None,
+) -> bytes:
+    """Bytes ``start`` to ``end`` of a file or object (one bounded ranged read in a store)."""
+    if raw.is_url(path):
+        fs = raw.filesystem(path, storage_options, store_timeouts)
+        data = raw._bounded(fs, path, f"read bytes {start}-{end} of", "cat_file",
+                            store_timeouts, path, start=start, end=end)  # fmt: skip
+    else:
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+    if len(data) != end - start:
+        raise ValueError(
+            f"{raw._label(path)}: expected {end - start} bytes from byte {start}, found "
+            f"{len(data)}; the file is shorter than its header says (changed or truncated?)"
+        )
+    return data
+
+
+def _check_npy_data(
+    path: str,
+    part: str,
+    offset: int,
+    dtype: np.dtype,
+    rows: int,
+    width: int,
+    storage_options: dict[str, Any] | None,
+    store_timeouts: raw.StoreTimeouts | None,
+) -> None:
+    """Refuse, when the pipeline is built, an npy file shorter than its header says (cut off
+    while copied) and a float dense array that holds counts rather than their logs (from its
+    first rows), rather than stop the pipeline on it in the middle of an epoch."""
+    label = raw._label(path)
+    size = (
+        int(raw._bounded(raw.filesystem(path, storage_options, store_timeouts), path,
+                         "read the size of", "info", store_timeouts, path)["size"])
+        if raw.is_url(path)
+        else Path(path).stat().st_size
+    )  # fmt: skip
+    wanted = offset + rows * width * dtype.itemsize
+    if size < wanted:
+        raise ValueError(
+            f"{label}: its header says {rows} rows ({wanted} bytes with the header), but it "
+            f"holds {size} bytes: it was cut off (copied or written only in part?)"
+        )
+    if part != "dense" or dtype.kind != "f" or rows == 0:
+        return
+    first = min(rows, _NPY_SAMPLE_ROWS)
+    data = _read_range(path, offset, offset + first * width * dtype.itemsize, storage_options,
+                       store_timeouts)  # fmt: skip
+    values = np.frombuffer(data, dtype=dtype).astype(np.float64)
+    wrong = np.flatnonzero(values > _LARGEST_LOG)  # -inf: log(0), a count of -3
+    if wrong.size:
+        row, column = divmod(int(wrong[0]), width)
+        raise ValueError(
+            f"{label}: row {row}, column {column} holds {values[wrong[0]]:g}, which is no "
+            "count's log: a float dense array holds TorchRec's log(x + 3) of the counts, and "
+            "this one seems to hold the counts; save them as integers (a.astype(np.int64))"
+        )
 
 
 def _check_npy(path: str, part: str, dtype: np.dtype, shape: tuple, width: int) -> None:
@@ -395,6 +459,8 @@ def _parquet_file(
     except (pa.ArrowInvalid, OSError) as exc:
         if isinstance(exc, raw.StoreError):
             raise
+        if isinstance(exc, PermissionError) and not raw.is_url(path):
+            raise raw.unreadable(path, exc) from None  # not "not a Parquet file"
         raise ValueError(f"{raw._label(path)}: not a Parquet file we can read ({exc})") from None
 
 
@@ -444,18 +510,48 @@ def _check_schema(name: str, schema: Any, columns: Columns) -> None:
         return kind.value_type if types.is_dictionary(kind) else kind
 
     def numeric(kind: Any) -> bool:
-        return types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind)
+        # Decimals: SQL engines (Hive, Spark SQL, Trino) write DECIMAL columns so.
+        return any(
+            is_kind(kind)
+            for is_kind in (types.is_integer, types.is_floating, types.is_boolean,
+                            types.is_decimal)
+        )  # fmt: skip
 
-    for column in [columns.label, *columns.dense]:
-        if not numeric(value_type(column)):
-            raise ValueError(f"{name}: column {column} is {value_type(column)}, not a number")
+    def text(kind: Any) -> bool:
+        # Hive, Impala and older Spark write strings as plain binary (no UTF8 annotation).
+        return any(
+            is_kind(kind)
+            for is_kind in (types.is_string, types.is_large_string, types.is_binary,
+                            types.is_large_binary)
+        )  # fmt: skip
+
+    if not numeric(value_type(columns.label)):
+        kind = value_type(columns.label)
+        raise ValueError(f"{name}: column {columns.label} is {kind}, not a number{_as_text(kind)}")
+    for column in columns.dense:
+        # A column of nulls only (pandas writes a column of None as type null): all missing.
+        if not (numeric(value_type(column)) or types.is_null(value_type(column))):
+            kind = value_type(column)
+            raise ValueError(f"{name}: column {column} is {kind}, not a number{_as_text(kind)}")
     for column in columns.sparse:
         kind = value_type(column)
-        if not (types.is_integer(kind) or types.is_string(kind) or types.is_large_string(kind)):
+        if not (types.is_integer(kind) or text(kind) or types.is_null(kind)):
             raise ValueError(
                 f"{name}: column {column} is {kind}; a categorical feature is hex strings "
                 "(Criteo's 8 hex digits) or integers already hashed"
             )
+
+
+def _as_text(kind: Any) -> str:
+    """What to do about numbers stored as text (a CSV read without a schema leaves them so)."""
+    types = _pyarrow().types
+    if not any(is_kind(kind) for is_kind in (types.is_string, types.is_large_string,
+                                              types.is_binary, types.is_large_binary)):  # fmt: skip
+        return ""
+    return (
+        " (numbers stored as text, as a CSV read without a schema leaves them: write the "
+        "label and I1..I13 as integers, e.g. Spark's .cast('int') or pandas' to_numeric)"
+    )
 
 
 class _StoreFile(raw._Object):
@@ -509,20 +605,7 @@ class TableReader:
         }
 
     def _range(self, path: str, start: int, end: int) -> bytes:
-        if raw.is_url(path):
-            fs = raw.filesystem(path, self.storage_options, self.store_timeouts)
-            data = raw._bounded(fs, path, f"read bytes {start}-{end} of", "cat_file",
-                                self.store_timeouts, path, start=start, end=end)  # fmt: skip
-        else:
-            with open(path, "rb") as handle:
-                handle.seek(start)
-                data = handle.read(end - start)
-        if len(data) != end - start:
-            raise ValueError(
-                f"{raw._label(path)}: expected {end - start} bytes from byte {start}, found "
-                f"{len(data)}; the file is shorter than its header says (changed or truncated?)"
-            )
-        return data
+        return _read_range(path, start, end, self.storage_options, self.store_timeouts)
 
     def _npy(self, chunk: TableChunk) -> dict[str, np.ndarray]:
         parts = []
@@ -538,7 +621,7 @@ class TableReader:
     def _parquet(self, chunk: TableChunk) -> dict[str, Any]:
         pa = _pyarrow()
         path = chunk.paths[0]
-        tables = [self._group(path, g) for g in chunk.groups]
+        tables = [self._group(path, g, chunk.name) for g in chunk.groups]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         table = table.slice(chunk.start - chunk.group_start, chunk.rows)
         if table.num_rows != chunk.rows:
@@ -553,15 +636,29 @@ class TableReader:
             "sparse": [_column(table, name) for name in names.sparse],
         }
 
-    def _group(self, path: str, group: int) -> Any:
+    def _group(self, path: str, group: int, name: str) -> Any:
         key = (path, group)
         table = self._groups.pop(key, None)
         if table is None:
-            # One thread: a worker is one CPU slot of the host's budget (pyarrow's own pool
-            # would take every core behind the tuner's back).
-            table = self._file(path).read_row_group(
-                group, columns=self.columns.names, use_threads=False
-            )
+            pa = _pyarrow()
+            try:
+                # One thread: a worker is one CPU slot of the host's budget (pyarrow's own
+                # pool would take every core behind the tuner's back).
+                table = self._file(path).read_row_group(
+                    group, columns=self.columns.names, use_threads=False
+                )
+            except (OSError, pa.ArrowException) as exc:
+                if isinstance(exc, raw.StoreError):
+                    raise
+                # pyarrow says "Couldn't deserialize thrift" or "File too short", not which
+                # file, nor why: a file rewritten under the reader (a Spark job run again).
+                said = " ".join(str(exc).split())[:200]
+                raise ValueError(
+                    f"{name}: could not read its row group {group} ({type(exc).__name__}: "
+                    f"{said}); the file changed after the pipeline was built (written again "
+                    "while it was read?) or is damaged: start the pipeline again once it is "
+                    "whole"
+                ) from None
         self._groups[key] = table  # most recently used last
         while len(self._groups) > self.keep_groups:
             self._groups.popitem(last=False)
@@ -601,8 +698,13 @@ def _column(table: Any, name: str) -> dict[str, Any]:
         if array.null_count
         else np.zeros(n, dtype=bool)
     )
-    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+    if pa.types.is_null(array.type):  # every value missing
+        return {"name": name, "values": np.zeros(n, np.int64), "null": np.ones(n, dtype=bool)}
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        array = array.cast(pa.large_binary())  # laid out as a large_string
+    elif pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         array = array.cast(pa.large_string())
+    if pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type):
         _, offsets_buffer, data_buffer = array.buffers()
         offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset : array.offset + n + 1]
         data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
@@ -612,6 +714,8 @@ def _column(table: Any, name: str) -> dict[str, Any]:
         return {"name": name, "offsets": offsets - base, "data": data, "null": null}
     if pa.types.is_boolean(array.type):
         array = array.cast(pa.int8())
+    elif pa.types.is_decimal(array.type):
+        array = array.cast(pa.float64())  # numpy would hold Decimal objects
     values = array.fill_null(0).to_numpy(zero_copy_only=False)
     return {"name": name, "values": values, "null": null}
 
@@ -627,9 +731,24 @@ def convert(item: dict[str, Any]) -> dict[str, Any]:
         label = rows.labels(columns["labels"][:, 0], None, "label")
         dense = columns["dense"]
         if dense.dtype.kind == "f":
+            logs = dense.astype(np.float64)
+            # Past this no count's log lies (e**44 is 1.3e19): counts saved as floats, which
+            # would read as inf without a word.
+            wrong = logs > _LARGEST_LOG  # +inf too; -inf is log(0), a count of -3
+            if wrong.any():
+                stored = columns["dense"]
+
+                def say(row: int) -> str:
+                    at = int(np.argmax(wrong[row]))
+                    return (
+                        f"dense column {at} is {stored[row, at]:g}, not TorchRec's log(x + 3) of "
+                        "a count (a float dense array holds those; save counts as integers)"
+                    )
+
+                rows.flag(wrong.any(axis=1), say)
             # TorchRec's log(x + 3), undone; the transform applies it again.
             with np.errstate(over="ignore", invalid="ignore"):
-                dense = np.rint(np.exp(dense.astype(np.float64)) - 3.0)
+                dense = np.rint(np.exp(np.where(wrong, 0.0, logs)) - 3.0)
         hashes = np.empty((n, NUM_SPARSE), dtype=np.uint32)
         for i in range(NUM_SPARSE):
             hashes[:, i] = rows.integers(columns["sparse"][:, i], None, f"sparse column {i}")

@@ -1,4 +1,5 @@
-"""Criteo files as they come: a folder of ``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz`` or ``.txt.gz``.
+"""Criteo files as they come: a folder of ``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz`` or ``.txt.gz``
+(its sub-folders too: ``list_tree``).
 
 (A folder of TorchRec's npy days or of Parquet files is read by ``agents.dlrm.formats``, which
 also finds which layout a folder holds; the stores, timeouts and bad-line policy below are
@@ -41,9 +42,20 @@ object that trickles its bytes is cut as well, and a few attempts with jittered 
 waits (tenacity). When they are spent the read fails with a ``StoreError`` naming the URL,
 the byte range and what to do; a stalled store never holds a training job.
 
-A malformed line (not 40 tab-separated fields, an integer feature that is not an integer,
-a categorical feature that is not 8 hex digits) stops the pipeline with an error naming the
-file and the line (``bad_lines="error"``), or is skipped and counted (``"skip"``).
+Lines end in LF or CRLF (a file exported on Windows), the last one with or without its
+newline. Blank lines, a UTF-8 byte-order mark and a header row at the top of a file
+(``label\tI1\t...\tC26``, as a CSV writer puts one: 40 fields, none of the 13 integer ones
+an integer) are not rows: they are left out when the file is indexed, so a chunk holds
+``batch_size`` rows whatever lies between them, and errors still name a line by its number
+in the file.
+
+A categorical value is Criteo's 8 hex digits, either case; one of fewer digits (its leading
+zeros dropped by whatever wrote it) reads as its value, as in a Parquet file. A malformed line
+(not 40 tab-separated fields, a label that is not 0 or 1, an integer feature that is not an
+integer, a categorical feature that is not hex of at most 8 digits) stops the pipeline with
+an error naming the file and the line (``bad_lines="error"``), or is skipped and counted
+(``"skip"``). A folder whose files hold no line at all is refused when the
+pipeline is built.
 """
 
 from __future__ import annotations
@@ -72,10 +84,16 @@ from agents.process_lock import SharedCount
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".tsv", ".txt", ".gz")
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: blank lines and a header row are not rows
 BAD_LINE_POLICIES = ("error", "skip")
 _BLOCK = 1 << 20
 _NEWLINE = 10
+_CR = 13
+# A header row is looked for in a file's first line of up to this many bytes.
+_HEADER_MOST = 4096
+_BOM = b"\xef\xbb\xbf"
+# A tar header says "ustar" at bytes 257-261.
+_TAR_MAGIC_END = 262
 # A read from an object store: at least this much (small requests cost more than their bytes)
 # and at most this much at a time.
 _REMOTE_MIN_READ = 256 << 10
@@ -112,6 +130,8 @@ class RawChunk:
     # Where, in the file, the gzip member holding the chunk's last byte ends: what a ranged
     # read of an object fetches for the chunk.
     compressed_end: int = 0
+    # How errors name the file: its path under the folder read (``day_0/part-00000.gz``).
+    name: str = ""
 
 
 @dataclass
@@ -313,7 +333,18 @@ def _open(
     one bounded ranged request of what was asked)."""
     if is_url(path):
         return _Object(filesystem(path, storage_options, timeouts), path, timeouts)
-    return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    try:
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    except PermissionError as exc:
+        raise unreadable(path, exc) from None
+
+
+def unreadable(path: str, exc: OSError) -> PermissionError:
+    """The error for a local file this process may not read, saying what to do."""
+    return PermissionError(
+        f"{path}: this process (user id {os.geteuid()}) may not read it "
+        f"({exc.strerror or exc}): make it readable (chmod a+r), or move it out of the folder"
+    )
 
 
 class _Object:
@@ -359,67 +390,170 @@ def _label(path: str) -> str:
     return path if is_url(path) else Path(path).name
 
 
-def store_files(
-    url: str, storage_options: dict[str, Any] | None = None, timeouts: StoreTimeouts | None = None
+_NUMBER = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> list:
+    """Sorts ``day_2`` before ``day_10``."""
+    return [int(p) if p.isdigit() else p for p in _NUMBER.split(name)]
+
+
+def _left_out(name: str) -> bool:
+    """Files and folders that are not data: Spark's ``_SUCCESS``, ``_temporary/`` and ``.crc``
+    files, NVTabular's ``_metadata``, hidden files, our own index, and the ``lost+found`` of a
+    disk's root (which only root may list)."""
+    return name.startswith(("_", ".")) or name == "lost+found"
+
+
+def list_tree(
+    location: str | Path,
+    storage_options: dict[str, Any] | None = None,
+    timeouts: StoreTimeouts | None = None,
+    data: Any = None,
 ) -> list[dict[str, Any]]:
-    """The Criteo objects under ``url``, by name: one listing of the store, each with its
-    ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
-    fs = filesystem(url, storage_options, timeouts)
+    """The files of a folder or URL prefix, in natural order of their names: each with its
+    ``name`` (its path under ``location``, ``/``-separated), ``path`` (a path or URL),
+    ``size`` and what tells a changed file (``mtime_ns``; in a store ``etag`` and ``mtime``).
+
+    The files of its sub-folders too (Spark writes ``day_0/part-00000...`` or
+    ``date=.../part-...`` beside a ``_SUCCESS``), unless the folder itself holds data
+    (``data(name)`` true of one of its own files): then its own files only, as a folder was
+    always read (a ``sample/`` or ``raw/`` sub-folder beside the days is not read twice over
+    them), and the sub-folders' data files left out are logged. Files and folders named ``_*``
+    or ``.*`` are left out (``_left_out``)."""
+    files = _tree(location, storage_options, timeouts)
+    data = data or (lambda name: True)
+    own = [f for f in files if "/" not in f["name"]]
+    if any(data(f["name"]) for f in own):
+        below = [f["name"] for f in files if "/" in f["name"] and data(f["name"])]
+        if below:
+            folders = sorted({n.split("/", 1)[0] + "/" for n in below}, key=natural_key)
+            shown = ", ".join(folders[:6]) + (" ..." if len(folders) > 6 else "")
+            log.warning(
+                "%s: reading the files in the folder itself; %d more in its sub-folders (%s) "
+                "are left out (give a sub-folder to read it)", location, len(below), shown,
+            )  # fmt: skip
+        files = own
+    return files
+
+
+def _tree(
+    location: str | Path,
+    storage_options: dict[str, Any] | None = None,
+    timeouts: StoreTimeouts | None = None,
+) -> list[dict[str, Any]]:
+    """Every file under ``location``, its sub-folders' too (``list_tree``)."""
+    if is_url(location):
+        files = _store_tree(str(location), storage_options, timeouts)
+    else:
+        folder = Path(location)
+        if folder.is_file():
+            raise NotADirectoryError(
+                f"{folder} is a file; give the folder that holds it ({folder.parent})"
+            )
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder} is not a folder of Criteo files")
+        files = []
+        seen = {os.path.realpath(folder)}
+
+        def unreadable(exc: OSError) -> None:
+            # os.walk would leave out a sub-folder it cannot list, and its data with it.
+            raise PermissionError(
+                f"{folder}: could not list {exc.filename} ({exc.strerror or exc}); its files "
+                "would be left out: make it readable (or move it out of the folder)"
+            ) from exc
+
+        for top, folders, names in os.walk(folder, onerror=unreadable, followlinks=True):
+            keep = []
+            for sub in folders:
+                real = os.path.realpath(os.path.join(top, sub))
+                if not _left_out(sub) and real not in seen:  # a link back up is walked once
+                    seen.add(real)
+                    keep.append(sub)
+            folders[:] = keep
+            for name in names:
+                path = Path(top) / name
+                if _left_out(name) or not path.is_file():  # a broken link is no file
+                    continue
+                stat = path.stat()
+                relative = path.relative_to(folder).as_posix()
+                files.append({"name": relative, "path": str(path), "size": stat.st_size,
+                              "mtime_ns": stat.st_mtime_ns})  # fmt: skip
+    return sorted(files, key=lambda f: natural_key(f["name"]))
+
+
+def _store_tree(
+    url: str, storage_options: dict[str, Any] | None, timeouts: StoreTimeouts | None
+) -> list[dict[str, Any]]:
     root = url.rstrip("/")
+    fs = filesystem(root, storage_options, timeouts)
     try:
         fs.invalidate_cache(root)  # a listing cached by this handle may be stale
-        entries = _bounded(fs, url, "list", "ls", timeouts, root, detail=True)
+        found = _bounded(fs, url, "list", "find", timeouts, root, detail=True)
     except FileNotFoundError:
-        entries = []
+        found = {}
     except StoreError:
         raise
     except Exception as exc:
         raise StoreError(_store_failure(url, "list", exc)) from None
+    base = str(fs._strip_protocol(root)).rstrip("/")
     files = []
-    for entry in entries:
-        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") != "file" or name.startswith(".") or not name.endswith(SUFFIXES):
+    for key, entry in found.items():
+        key = str(entry.get("name") or key)
+        if entry.get("type", "file") != "file" or key.endswith("/"):
+            continue  # a folder, or the empty object a console makes to show one ("days/")
+        if key == base:
+            parent = root.rsplit("/", 1)[0]
+            raise NotADirectoryError(
+                f"{root} is an object, not a folder (prefix): give the one that holds it ({parent})"
+            )
+        relative = key[len(base) + 1 :] if key.startswith(base + "/") else key.rsplit("/", 1)[-1]
+        if any(_left_out(part) for part in relative.split("/")):
             continue
         stamp = entry.get("LastModified") or entry.get("mtime") or entry.get("updated")
         files.append(
             {
-                "url": f"{root}/{name}",
-                "name": name,
+                "name": relative,
+                "path": f"{root}/{relative}",
                 "size": int(entry.get("size") or 0),
                 "etag": str(entry.get("ETag") or entry.get("etag") or entry.get("md5Hash") or ""),
                 "mtime": str(stamp or entry.get("created") or ""),
             }
         )
+    return files
+
+
+def _is_raw(name: str) -> bool:
+    return name.endswith(SUFFIXES)
+
+
+def store_files(
+    url: str, storage_options: dict[str, Any] | None = None, timeouts: StoreTimeouts | None = None
+) -> list[dict[str, Any]]:
+    """The Criteo objects under ``url`` (its sub-prefixes too), by name: one listing of the
+    store, each with its ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
+    files = [
+        {"url": f["path"], **{k: f[k] for k in ("name", "size", "etag", "mtime")}}
+        for f in list_tree(url, storage_options, timeouts, _is_raw)
+        if f["name"].endswith(SUFFIXES)
+    ]
     if not files:
         raise FileNotFoundError(
             f"no Criteo files found at {url} ({', '.join('*' + s for s in SUFFIXES)}); give "
             "the prefix that holds them"
         )
-    return sorted(files, key=lambda f: f["name"])
-
-
-def data_files(folder: str | Path) -> list[Path]:
-    """The Criteo files of a folder, by name."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a folder of Criteo files")
-    files = [
-        p
-        for p in sorted(root.iterdir())
-        if p.is_file() and not p.name.startswith(".") and p.name.endswith(SUFFIXES)
-    ]
-    if not files:
-        raise FileNotFoundError(
-            f"{root} holds no Criteo files ({', '.join('*' + s for s in SUFFIXES)}); "
-            "or generate a dataset with `python -m agents.dlrm.generate`"
-        )
     return files
 
 
-def _signature(files: list[Path]) -> list[dict[str, Any]]:
-    return [
-        {"name": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in files
-    ]
+def data_files(folder: str | Path) -> list[dict[str, Any]]:
+    """The Criteo files of a folder and its sub-folders, by name (``list_tree``'s entries)."""
+    files = [f for f in list_tree(folder, data=_is_raw) if f["name"].endswith(SUFFIXES)]
+    if not files:
+        raise FileNotFoundError(
+            f"{folder} holds no Criteo files ({', '.join('*' + s for s in SUFFIXES)}); "
+            "or generate a dataset with `python -m agents.dlrm.generate`"
+        )
+    return files
 
 
 def index_locations(folder: str | Path, batch_size: int) -> list[Path]:
@@ -450,13 +584,14 @@ def load_or_build_index(
     if is_url(folder):
         root = str(folder).rstrip("/")
         objects = store_files(root, storage_options, store_timeouts)
-        paths = [o["url"] for o in objects]
+        names = {o["url"]: o["name"] for o in objects}
         signature = [{k: o[k] for k in ("name", "size", "etag", "mtime")} for o in objects]
     else:
         root = Path(folder)
         files = data_files(root)
-        paths = [str(p) for p in files]
-        signature = _signature(files)
+        names = {f["path"]: f["name"] for f in files}
+        signature = [{k: f[k] for k in ("name", "size", "mtime_ns")} for f in files]
+    paths = list(names)
     locations = index_locations(root, batch_size)
     for location in locations:
         kept = _read_index(location)
@@ -465,13 +600,24 @@ def load_or_build_index(
     log.info("indexing %d Criteo file(s) in %s (once: the index is kept)", len(paths), root)
     chunks = []
     for path in paths:
-        chunks += scan_file(path, batch_size, storage_options, store_timeouts)
+        # Errors name a file by its path under the folder; an object by its URL.
+        label = path if is_url(path) else names[path]
+        chunks += scan_file(path, batch_size, storage_options, store_timeouts, label)
+    if not chunks:
+        # Nothing to read would leave a pipeline that cycles over its data (epochs=None)
+        # spinning for ever without a batch.
+        shown = ", ".join(list(names.values())[:6])
+        shown += f" and {len(names) - 6} more" if len(names) > 6 else ""
+        raise ValueError(
+            f"{root}: its Criteo files ({shown}) hold no lines: they are empty (or gzip of "
+            "nothing, blank lines, a header row only); give a folder whose files hold the data"
+        )
     body = {
         "format": "criteo-raw-index",
         "version": INDEX_VERSION,
         "batch_size": batch_size,
         "files": signature,
-        "chunks": [_chunk_json(c) for c in chunks],
+        "chunks": [_chunk_json(c, names[c.path]) for c in chunks],
     }
     location = _write_index(body, locations)
     return _from_json(body, root, location)
@@ -512,9 +658,9 @@ def writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK)
 
 
-def _chunk_json(chunk: RawChunk) -> list:
+def _chunk_json(chunk: RawChunk, name: str) -> list:
     row = asdict(chunk)
-    row["path"] = chunk.path.rsplit("/", 1)[-1] if is_url(chunk.path) else Path(chunk.path).name
+    row["path"] = name  # under the folder: the index holds wherever the folder is
     return [row[k] for k in RawChunk.__dataclass_fields__]
 
 
@@ -542,25 +688,36 @@ def scan_file(
     batch_size: int,
     storage_options: dict[str, Any] | None = None,
     store_timeouts: StoreTimeouts | None = None,
+    name: str | None = None,
 ) -> list[RawChunk]:
-    """The chunks of one file (a path or an object's URL): ``batch_size`` lines each, the
-    last what is left."""
+    """The chunks of one file (a path or an object's URL): ``batch_size`` rows each, the
+    last what is left; ``name`` is how errors name the file (its path under the folder)."""
     path = str(path)
+    name = name or _label(path)
     compressed = path.endswith(".gz")
     members: list[tuple[int, int]] = []  # (offset in the file, offset in the inflated text)
     ends: list[int] = []  # where each member ends in the file
-    cutter = _Cutter(batch_size)
+    cutter = _Cutter(batch_size, name)
     size = _REMOTE_MAX_READ if is_url(path) else _BLOCK
     with _open(path, storage_options, store_timeouts) as handle:
         if compressed:
-            pieces = _inflate(handle, members, size, _label(path), ends)
+            pieces = _inflate(handle, members, size, name, ends)
         else:
             pieces = _blocks(handle, size)
+        lead = b""
         for piece in pieces:
+            if len(lead) < _TAR_MAGIC_END:
+                lead += piece[: _TAR_MAGIC_END - len(lead)]
+                if lead[_TAR_MAGIC_END - 5 :] == b"ustar":
+                    raise ValueError(
+                        f"{name} is a tar archive, not Criteo text (Criteo's Kaggle download, "
+                        f"dac.tar.gz, is one): extract it (tar -xzf {_label(path)}) and give the "
+                        "folder of the files it holds (train.txt; its test.txt has no labels)"
+                    )
             cutter.feed(piece)
     starts = [text for _, text in members]
     chunks = []
-    for number, (start, end, rows) in enumerate(cutter.chunks()):
+    for start, end, rows, first_line in cutter.chunks():
         member = max(bisect.bisect_right(starts, start) - 1, 0)
         offset, member_start = members[member] if members else (0, 0)
         last = max(bisect.bisect_right(starts, max(end - 1, start)) - 1, 0)
@@ -571,11 +728,12 @@ def scan_file(
                 start,
                 end - start,
                 rows,
-                number * batch_size + 1,
+                first_line,
                 compressed,
                 offset,
                 member_start,
                 compressed_end,
+                name,
             )
         )
     return chunks
@@ -635,35 +793,74 @@ def _inflate(
 
 
 class _Cutter:
-    """Finds the end of every ``batch_size``-th line in a stream of pieces of text."""
+    """Finds the end of every ``batch_size``-th row in a stream of pieces of text: a row is a
+    line that is neither blank (empty, or a lone ``\\r`` of a CRLF file) nor a header at the
+    top of the file (``looks_like_header``)."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, name: str = "") -> None:
         self.batch_size = batch_size
+        self.name = name
         self.position = 0
-        self.lines = 0
-        self.cuts: list[int] = []
-        self.terminated = True  # whether the text so far ends with a newline
+        self.lines = 0  # newlines seen
+        self.rows = 0  # rows ended by a newline seen
+        self.cuts: list[tuple[int, int]] = []  # (end of a chunk, newlines before it)
+        self.line_start = 0  # where the line not yet ended begins
+        self.last_byte = _NEWLINE
+        self.head = bytearray()  # the first line, while it is not ended (a header?)
 
     def feed(self, piece: bytes) -> None:
         """Take the next piece of text."""
-        newlines = np.flatnonzero(np.frombuffer(piece, dtype=np.uint8) == _NEWLINE)
-        ordinals = self.lines + 1 + np.arange(newlines.size)
-        ends = newlines[ordinals % self.batch_size == 0] + self.position + 1
-        self.cuts += ends.tolist()
+        if not piece:
+            return
+        text = np.frombuffer(piece, dtype=np.uint8)
+        newlines = np.flatnonzero(text == _NEWLINE)
+        ends = newlines + self.position
+        starts = np.concatenate([[self.line_start], ends[:-1] + 1])
+        before = np.where(newlines > 0, text[np.maximum(newlines - 1, 0)], self.last_byte)
+        lengths = ends - starts
+        row = (lengths > 1) | ((lengths == 1) & (before != _CR))
+        if self.lines == 0:
+            first = piece[: newlines[0]] if newlines.size else piece
+            self.head += first[: _HEADER_MOST + 1 - len(self.head)]
+            if newlines.size:
+                row[0] = self._first_line_is_row()
+        ordinals = self.rows + np.cumsum(row)
+        cut = row & (ordinals % self.batch_size == 0)
+        self.cuts += zip(
+            (ends[cut] + 1).tolist(), (self.lines + 1 + np.flatnonzero(cut)).tolist(), strict=True
+        )
+        self.rows += int(row.sum())
         self.lines += int(newlines.size)
-        if piece:
-            self.terminated = piece.endswith(b"\n")
+        if newlines.size:
+            self.line_start = int(ends[-1]) + 1
+        self.last_byte = piece[-1]
         self.position += len(piece)
 
-    def chunks(self) -> Iterator[tuple[int, int, int]]:
-        """``(start, end, rows)`` of every chunk."""
-        lines = self.lines + (0 if self.terminated else 1)
-        start = 0
-        for end in self.cuts:
-            yield start, end, self.batch_size
-            start = end
-        if start < self.position:
-            yield start, self.position, lines - len(self.cuts) * self.batch_size
+    def _first_line_is_row(self) -> bool:
+        """Whether line 1 is a row: not blank once a byte-order mark is dropped, and not a
+        header."""
+        if len(self.head) > _HEADER_MOST:
+            return True
+        line = bytes(self.head).removeprefix(_BOM).removesuffix(b"\r")
+        if line and looks_like_header(line):
+            log.info("%s: line 1 is a header row; it is not read", self.name or "a file")
+            return False
+        return bool(line)
+
+    def chunks(self) -> Iterator[tuple[int, int, int, int]]:
+        """``(start, end, rows, first_line)`` of every chunk (lines counted from 1)."""
+        tail = self.position - self.line_start  # a last line without a newline
+        tail_row = tail > 1 or (tail == 1 and self.last_byte != _CR)
+        if tail and self.lines == 0:
+            tail_row = self._first_line_is_row()
+        rows = self.rows + int(tail_row)
+        start, first_line = 0, 1
+        for end, lines in self.cuts:
+            yield start, end, self.batch_size, first_line
+            start, first_line = end, lines + 1
+        left = rows - len(self.cuts) * self.batch_size
+        if left > 0:
+            yield start, self.position, left, first_line
 
 
 # ----------------------------------------------------------------------------- the stages
@@ -706,7 +903,8 @@ class RawReader:
                 f"{chunk.path}: expected {chunk.length} bytes from byte {chunk.start}, found "
                 f"{len(text)}; the file changed after it was indexed: start again to re-index"
             )
-        return {"text": text, "file": _label(chunk.path), "first_line": chunk.first_line}
+        label = chunk.name or _label(chunk.path)
+        return {"text": text, "file": label, "first_line": chunk.first_line}
 
     def _cursor(self, chunk: RawChunk) -> _Cursor:
         cursor = self._cursors.pop(chunk.path, None)
@@ -746,7 +944,7 @@ class _Cursor:
             size = min(max(span, _REMOTE_MIN_READ), _REMOTE_MAX_READ)
         self.handle = _open(chunk.path, storage_options, store_timeouts)
         self.handle.seek(chunk.member_offset)
-        self.pieces = _inflate(self.handle, size=size, name=_label(chunk.path))
+        self.pieces = _inflate(self.handle, size=size, name=chunk.name or _label(chunk.path))
         self.buffer = bytearray()
         self.buffer_start = chunk.member_start  # the text offset of buffer[0]
 
@@ -778,21 +976,62 @@ class _Cursor:
 
 
 _INTEGER = re.compile(rb"-?[0-9]{1,19}")
-_HASH = re.compile(rb"[0-9a-fA-F]{8}")
+_HASH = re.compile(rb"[0-9a-fA-F]{1,8}")
 
 
 def line_problem(line: bytes) -> str | None:
-    """What is wrong with one Criteo line (``None``: nothing)."""
+    """What is wrong with one Criteo line (``None``: nothing; a blank line is not read)."""
+    if not line:
+        return None
     fields = line.split(b"\t")
     if len(fields) != FIELDS:
-        return f"it has {len(fields)} tab-separated fields; a Criteo line has {FIELDS}"
+        why = ""
+        if len(fields) == FIELDS - 1:
+            why = " (Criteo's test files have no label: they are not training data)"
+        elif len(fields) == 1 and line.count(b",") in (FIELDS - 1, FIELDS - 2):
+            why = " (it is comma-separated: Criteo text separates its fields with tabs)"
+        return (
+            f"it has {len(fields)} tab-separated fields; a Criteo line has {FIELDS}, a label "
+            f"and {FIELDS - 1} features{why}"
+        )
+    if fields[0] not in (b"0", b"1"):
+        return f"label is {fields[0][:24]!r}, not 0 or 1"
     for i, value in enumerate(fields[1 : 1 + NUM_DENSE], 1):
         if value and not _INTEGER.fullmatch(value):
             return f"integer feature I{i} is {value[:24]!r}"
     for i, value in enumerate(fields[1 + NUM_DENSE :], 1):
         if value and not _HASH.fullmatch(value):
-            return f"categorical feature C{i} is {value[:24]!r}, not 8 hex digits"
+            return f"categorical feature C{i} is {value[:24]!r}, not hex of at most 8 digits"
     return None
+
+
+def looks_like_header(line: bytes) -> bool:
+    """Whether a file's first line is a header row (``label\\tI1\\t...\\tC26``, as a CSV
+    writer puts one): 40 fields, the label not 0 or 1, and not one of the 13 integer features
+    an integer (or empty)."""
+    fields = line.removeprefix(_BOM).removesuffix(b"\r").split(b"\t")
+    return (
+        len(fields) == FIELDS
+        and fields[0] not in (b"0", b"1")
+        and all(f and not _INTEGER.fullmatch(f) for f in fields[1 : 1 + NUM_DENSE])
+    )
+
+
+def _as_lines(text: bytes, top: bool) -> bytes:
+    """A chunk's text as ``\\n``-ended Criteo lines, each where it was (so lines keep their
+    numbers): CRLF endings as LF; at the top of a file (``top``), a UTF-8 byte-order mark
+    dropped and a header row left blank."""
+    if top:
+        text = text.removeprefix(_BOM)
+        end = text.find(b"\n")
+        if looks_like_header(text if end < 0 else text[:end]):
+            text = b"" if end < 0 else text[end:]
+    if b"\r" in text:
+        text = text.replace(b"\r\n", b"\n").removesuffix(b"\r")
+    return text
+
+
+_BLANK_LINES = re.compile(rb"\n\n+")
 
 
 @dataclass
@@ -833,28 +1072,30 @@ class RawParse:
 
     def __call__(self, chunk: dict[str, Any]) -> dict[str, np.ndarray]:
         """Parse one chunk read by ``RawReader``."""
+        text = _as_lines(chunk["text"], chunk["first_line"] == 1)
+        rows = text
+        if b"\n\n" in text or text.startswith(b"\n"):
+            rows = _BLANK_LINES.sub(b"\n", text).lstrip(b"\n")  # blank lines are not rows
         try:
-            return parse(chunk["text"])
+            return parse(rows)
         except ValueError as exc:
             first_error = exc
-        lines = chunk["text"].split(b"\n")
+        lines = text.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()  # the text ends with a newline (or is empty)
         bad = [(i, p) for i, line in enumerate(lines) if (p := line_problem(line)) is not None]
         where = f"{chunk['file']}, line"
+        last = chunk["first_line"] + len(lines) - 1
         if not bad:  # what the fast parser refused, the line checker did not see
-            raise ValueError(
-                f"{where}s {chunk['first_line']}-{chunk['first_line'] + len(lines) - 1}: "
-                f"{first_error}"
-            )
+            raise ValueError(f"{where}s {chunk['first_line']}-{last}: {first_error}")
         number, problem = bad[0][0] + chunk["first_line"], bad[0][1]
         if self.bad_lines.policy == "error":
             raise ValueError(
                 f"{where} {number}: {problem} (pass bad_lines='skip' to skip such lines)"
             )
-        if len(bad) == len(lines):
+        if len(bad) == sum(1 for line in lines if line):
             raise ValueError(
-                f"{where}s {chunk['first_line']}-{number + len(lines) - 1}: not one Criteo line "
+                f"{where}s {chunk['first_line']}-{last}: not one Criteo line "
                 f"({problem} on the first): is this a Criteo file?"
             )
         self.bad_lines.add(len(bad))
@@ -869,5 +1110,5 @@ class RawParse:
             problem,
         )
         skip = {i for i, _ in bad}
-        kept = b"\n".join(line for i, line in enumerate(lines) if i not in skip) + b"\n"
+        kept = b"\n".join(line for i, line in enumerate(lines) if line and i not in skip) + b"\n"
         return parse(kept)

@@ -63,6 +63,13 @@ def parse(text: bytes) -> dict[str, np.ndarray]:
     ):
         bad = _first_bad_line(line_ends)
         raise ValueError(f"line {bad}: a Criteo line has {FIELDS} tab-separated fields")
+    if rows == 0:
+        return {
+            "labels": np.zeros(0, np.float32),
+            "dense": np.zeros((0, NUM_DENSE), np.float32),
+            "sparse": np.zeros((0, NUM_SPARSE), np.uint32),
+            "sparse_present": np.zeros((0, NUM_SPARSE), bool),
+        }
     starts = np.empty_like(seps)
     starts[0] = 0
     starts[1:] = seps[:-1] + 1
@@ -70,7 +77,10 @@ def parse(text: bytes) -> dict[str, np.ndarray]:
     lengths = seps.reshape(rows, FIELDS) - starts
     padded = np.append(raw, np.zeros(_MAX_DIGITS + 8, dtype=np.uint8))
 
-    labels = (padded[starts[:, 0]] == ord("1")).astype(np.float32)
+    label = padded[starts[:, 0]]
+    if np.any((lengths[:, 0] != 1) | ((label != _ZERO) & (label != _ZERO + 1))):
+        raise ValueError("a label is not 0 or 1")
+    labels = (label == _ZERO + 1).astype(np.float32)
     dense = _parse_integers(padded, starts[:, 1 : 1 + NUM_DENSE], lengths[:, 1 : 1 + NUM_DENSE])
     hashes, present = _parse_hex(padded, starts[:, 1 + NUM_DENSE :], lengths[:, 1 + NUM_DENSE :])
     return {"labels": labels, "dense": dense, "sparse": hashes, "sparse_present": present}
@@ -87,6 +97,8 @@ def _parse_integers(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     negative = (raw[starts] == _MINUS) & (lengths > 0)
     starts = starts + negative
     lengths = lengths - negative
+    if np.any(negative & (lengths == 0)):
+        raise ValueError("an integer feature is a lone minus sign")
     width = int(lengths.max(initial=0))
     if width > _MAX_DIGITS:
         raise ValueError(f"an integer feature has {width} digits; at most {_MAX_DIGITS} fit")
@@ -98,18 +110,27 @@ def _parse_integers(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     valid = exponent >= 0
     if np.any(valid & ((digits < 0) | (digits > 9))):
         raise ValueError("an integer feature holds a character that is not a digit")
-    values = np.where(valid, digits * 10 ** np.maximum(exponent, 0), 0).sum(axis=-1)
+    # 19 digits may pass int64's largest (9.2e18) and wrap round to a negative: in float64.
+    ten = 10 if width < _MAX_DIGITS else 10.0
+    values = np.where(valid, digits * ten ** np.maximum(exponent, 0), 0).sum(axis=-1)
     values = np.where(negative, -values, values).astype(np.float32)
     values[lengths == 0] = np.nan
     return values
 
 
 def _parse_hex(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple:
-    """8-hex-digit categorical hashes to uint32, and a mask of the fields present."""
+    """Categorical hashes of up to 8 hex digits (Criteo's are 8; fewer read as their value,
+    as a Parquet file's do) to uint32, and a mask of the fields present."""
     present = lengths > 0
-    if np.any(present & (lengths != 8)):
-        raise ValueError("a categorical feature is not 8 hex digits (nor empty)")
-    nibbles = _HEX[raw[starts[..., None] + np.arange(8)]]
+    if np.any(lengths > 8):
+        raise ValueError("a categorical feature has more than 8 hex digits")
+    if np.any(present & (lengths < 8)):
+        # The 8 bytes that end where the value ends; those before its start are leading zeros.
+        at = (starts + lengths)[..., None] - 8 + np.arange(8)
+        nibbles = _HEX[raw[np.maximum(at, 0)]]
+        nibbles[at < starts[..., None]] = 0
+    else:
+        nibbles = _HEX[raw[starts[..., None] + np.arange(8)]]
     if np.any(present[..., None] & (nibbles > 15)):
         raise ValueError("a categorical feature holds a character that is not a hex digit")
     shifts = np.arange(28, -1, -4, dtype=np.uint32)

@@ -52,6 +52,8 @@ def ensure_dataset(
 
 
 def _source(tasks: list[ReadTask], epochs: int | None) -> Iterator[ReadTask]:
+    if not tasks:
+        return  # cycling over nothing would spin for ever
     passes = itertools.count() if epochs is None else range(epochs)
     for _ in passes:
         yield from tasks

@@ -304,3 +304,24 @@ def _table_rows(location, layout, options=None) -> list[tuple]:
             for i in range(batch["labels"].size)
         ]
     return sorted(rows)
+
+
+def test_sub_prefixes_and_a_consoles_folder_markers_read_and_an_objects_url_is_refused(
+    s3, cache, local_folder
+):
+    # The S3 console's "Create folder" leaves empty objects named "spark/" and
+    # "spark/day_0/": folders, not files (and not the prefix being an object).
+    fs, options, _ = s3
+    for key in ("spark/", "spark/day_0/"):
+        fs.call_s3("put_object", Bucket=BUCKET, Key=key, Body=b"")
+    for name, body in _files().items():
+        fs.pipe_file(
+            f"{BUCKET}/spark/{name.split('.')[0]}/part-00000.{name.split('.', 1)[1]}", body
+        )
+    fs.pipe_file(f"{BUCKET}/spark/_SUCCESS", b"")
+    fs.invalidate_cache()
+    assert _rows(f"s3://{BUCKET}/spark", storage_options=options) == _rows(local_folder)
+    with pytest.raises(
+        NotADirectoryError, match=rf"give the one that holds it \(s3://{BUCKET}/days\)"
+    ):
+        build_pipeline(f"s3://{BUCKET}/days/day_0.tsv", batch_size=BATCH, storage_options=options)
