@@ -32,6 +32,7 @@ import functools
 import io
 import json
 import logging
+import random
 import re
 import signal
 import sys
@@ -64,6 +65,19 @@ MAX_REQUEST_LINE = 4094
 # While the Redis subscription is down, a held long-poll re-reads the database this often, so
 # that a version published meanwhile reaches the agent without waiting out its whole period.
 DEGRADED_RECHECK_S = 5.0
+# A long-poll nothing wakes is answered 204 at a moment drawn in the last SPREAD_FRACTION of its
+# wait (a wait of SPREAD_MIN_WAIT_S or more; shorter ones are held whole), not at its very end.
+# Why: a fleet's polls opened in the same instant (its hosts started together, or every agent
+# reconnected after a restart of the control plane) otherwise time out together and re-arm
+# together, for ever, every `wait` seconds: a burst of re-arms, and at the agents a burst of
+# answers, beside whatever batches fall in it. Drawn afresh for each poll, the fleet's polls
+# drift apart within a few periods whatever its clients do. Measured: 200 httpx agents whose
+# polls (wait=30) were opened together, batches every 5 s spread, 90 s, alternated: p99 46 and
+# 37 ms against 126 and 87 ms held whole, for a ninth more re-arms (the mean hold is 0.9 of
+# the wait; docs/benchmarks.md). The protocol holds a poll "up to `wait` seconds"
+# (docs/agent-protocol.md).
+SPREAD_FRACTION = 0.2
+SPREAD_MIN_WAIT_S = 10.0
 # The subscription pings Redis when it has heard nothing for this long, and takes itself down
 # (held long-polls degraded, a new subscription tried) when it has heard nothing for the limit:
 # a Redis that accepts connections and then stalls is noticed within about 5 s. The pings cost
@@ -217,6 +231,15 @@ class AllocationWaker:
             except (ValueError, IndexError):
                 continue
             self.wake(host_id)
+
+
+def held_for(wait: float, draw=random.random) -> float:
+    """Seconds a long-poll asking to ``wait`` is held when nothing wakes it: the whole wait
+    when it is short, else a moment drawn uniformly in its last ``SPREAD_FRACTION`` (see
+    SPREAD_FRACTION for why)."""
+    if wait < SPREAD_MIN_WAIT_S:
+        return wait
+    return wait * (1.0 - SPREAD_FRACTION * draw())
 
 
 def host_refusal(scope: dict) -> tuple[int, bytes, list] | None:
@@ -649,7 +672,7 @@ class AgentFront:
         rather than held, and counted, to the end of its wait. A client that shut its
         writing down (``CLIENT_EOF``: half-closed, or closed) is answered at once."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + hold["wait"]
+        deadline = loop.time() + held_for(hold["wait"])
         connected = self.waker.connected
         gone = asyncio.ensure_future(receive())
         try:
