@@ -78,23 +78,22 @@ def test_batches_a_batch_period_apart_share_one_connection(serve):
     server = serve()
     client = _client(server)
     try:
-        for _ in range(2):
-            assert client.post_metrics({"samples": []})["stored"] == 1
-            time.sleep(BATCH_GAP_S)
-        client.post_metrics({"samples": []})
+        assert client.post_metrics({"samples": []})["stored"] == 1
+        time.sleep(BATCH_GAP_S)
+        assert client.post_metrics({"samples": []})["stored"] == 1
     finally:
         client.close()
-    assert len(server.ports) == 3
+    assert len(server.ports) == 2
     assert len(set(server.ports)) == 1, f"a connection per batch: client ports {server.ports}"
 
 
 def test_a_connection_the_server_closed_while_idle_is_replaced_without_an_error(serve):
-    server = serve(idle_close_s=0.5)
+    server = serve(idle_close_s=0.3)
     client = _client(server)
     try:
         for _ in range(3):
             assert client.post_metrics({"samples": []})["stored"] == 1
-            time.sleep(1.5)  # the server has closed the idle connection by now
+            time.sleep(1.0)  # the server has closed the idle connection by now
     finally:
         client.close()
     assert len(server.ports) == 3
