@@ -170,13 +170,7 @@ def write_layouts(root: Path, rows: CriteoRows, days: int, row_group: int) -> di
 
 
 def measure(folder: Path) -> dict[str, float]:
-    layout = formats.detect_layout(folder)
-    if layout == "raw":
-        chunks = raw.load_or_build_index(folder, BATCH).chunks
-        reader, parser = raw.RawReader(), raw.RawParse(raw.BadLines())
-    else:
-        chunks = formats.plan_chunks(folder, layout, BATCH)
-        reader, parser = formats.TableReader(), formats.TableParse(raw.BadLines())
+    chunks, reader, parser = formats.read_and_parse_stages(folder, BATCH)
     rows = 0
     started = time.perf_counter()
     for chunk in chunks:

@@ -912,3 +912,23 @@ class TableParse:
         log.warning("%s: skipped %d bad row(s); first, %s", item["file"], count, chunk["problem"])
         keep = ~bad
         return {k: chunk[k][keep] for k in keys}
+
+
+def read_and_parse_stages(
+    location: str | Path,
+    batch_size: int,
+    bad_lines: str = "error",
+    data_format: str = "auto",
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[list, Any, Any]:
+    """``(chunks, read, parse)`` of the data at ``location``, whatever its layout: the chunks
+    in order and the read and parse stages' callables, to run in this process without a
+    pipeline (``parse(read(chunk))`` is a chunk's arrays). For tests and benchmarks that read
+    a layout as the pipeline's stages do."""
+    layout = detect_layout(location, data_format, storage_options)
+    bad = raw.BadLines(bad_lines)
+    if layout == "raw":
+        chunks = raw.load_or_build_index(location, batch_size, storage_options).chunks
+        return chunks, raw.RawReader(storage_options=storage_options), raw.RawParse(bad)
+    chunks = plan_chunks(location, layout, batch_size, storage_options=storage_options)
+    return chunks, TableReader(storage_options=storage_options), TableParse(bad)

@@ -38,14 +38,7 @@ def cache(tmp_path_factory, monkeypatch):
 def _batches(location, batch_size, **options):
     """Every chunk of ``location`` through read, parse, transform and collate, in this
     process: (parsed, collated) pairs, in order."""
-    layout = formats.detect_layout(location, options.pop("data_format", "auto"), **options)
-    if layout == "raw":
-        chunks = raw.load_or_build_index(location, batch_size).chunks
-        reader, parser = raw.RawReader(), raw.RawParse(raw.BadLines())
-    else:
-        chunks = formats.plan_chunks(location, layout, batch_size, **options)
-        store = {k: v for k, v in options.items() if k == "storage_options"}
-        reader, parser = formats.TableReader(**store), formats.TableParse(raw.BadLines())
+    chunks, reader, parser = formats.read_and_parse_stages(location, batch_size, **options)
     out = []
     for chunk in chunks:
         parsed = parser(reader(chunk))

@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.dlrm import formats, raw
+from agents.dlrm import formats
 from agents.dlrm.workload import build_pipeline
 from benchmarks.data_layouts import criteo_rows, write_npy
 
 
 def _rows(folder, batch_size: int, bad_lines: str = "error") -> dict[str, np.ndarray]:
-    chunks = formats.plan_chunks(folder, "npy", batch_size)
-    reader, parser = formats.TableReader(), formats.TableParse(raw.BadLines(bad_lines))
+    chunks, reader, parser = formats.read_and_parse_stages(
+        folder, batch_size, bad_lines, data_format="npy"
+    )
     parsed = [parser(reader(chunk)) for chunk in chunks]
     return {k: np.concatenate([p[k] for p in parsed]) for k in parsed[0]}
 

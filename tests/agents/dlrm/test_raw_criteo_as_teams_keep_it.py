@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.dlrm import raw
+from agents.dlrm import formats, raw
 from agents.dlrm.workload import build_pipeline
 
 
@@ -31,9 +31,10 @@ def _line(n: int) -> str:
 
 def _rows(folder, batch_size: int, bad_lines: str = "error") -> dict[str, np.ndarray]:
     """Every row of ``folder`` read and parsed in this process, in order."""
-    index = raw.load_or_build_index(folder, batch_size)
-    reader, parser = raw.RawReader(), raw.RawParse(raw.BadLines(bad_lines))
-    parsed = [parser(reader(chunk)) for chunk in index.chunks]
+    chunks, reader, parser = formats.read_and_parse_stages(
+        folder, batch_size, bad_lines, data_format="raw"
+    )
+    parsed = [parser(reader(chunk)) for chunk in chunks]
     return {k: np.concatenate([p[k] for p in parsed]) for k in parsed[0]}
 
 

@@ -30,13 +30,7 @@ def cache(tmp_path_factory, monkeypatch):
 
 def _rows(location, batch_size: int) -> dict[str, np.ndarray]:
     """Every row of ``location`` read and parsed in this process, in order."""
-    layout = formats.detect_layout(location)
-    if layout == "raw":
-        chunks = raw.load_or_build_index(location, batch_size).chunks
-        reader, parser = raw.RawReader(), raw.RawParse(raw.BadLines())
-    else:
-        chunks = formats.plan_chunks(location, layout, batch_size)
-        reader, parser = formats.TableReader(), formats.TableParse(raw.BadLines())
+    chunks, reader, parser = formats.read_and_parse_stages(location, batch_size)
     parsed = [parser(reader(chunk)) for chunk in chunks]
     return {k: np.concatenate([p[k] for p in parsed]) for k in parsed[0]}
 
