@@ -43,9 +43,17 @@ class ProcessLock:
     def __init__(self, name: str = "a lock between processes", *, timeout: float = 30.0):
         self.name = name
         self.timeout = timeout
-        # Unlinked at once: nothing to clean up, however this process ends.
-        self._file = tempfile.TemporaryFile(prefix="intune-lock-")
-        self._fd = self._file.fileno()
+        # Unlinked at once: nothing to clean up, however this process ends. A bare descriptor,
+        # closed when the lock is collected: a file object left to the collector warned
+        # "ResourceWarning: unclosed file" for every lock, so every epoch of a loader (two
+        # per pipeline), which fails a user's test suite run with warnings as errors (torch's
+        # loader warns of nothing there).
+        fd, path = tempfile.mkstemp(prefix="intune-lock-")
+        os.unlink(path)
+        self._fd = fd
+        # Not at exit: a daemon thread may still take the lock then (its descriptor goes
+        # with the process).
+        weakref.finalize(self, os.close, fd).atexit = False
         self._threads = threading.Lock()
         _forked.add(self)
 

@@ -76,8 +76,14 @@ class _Flow:
     total: int | None = None
 
 
-# The pipelines started and not yet stopped in this process, stopped at its exit (below).
+# The pipelines started and not yet stopped in this process (a stop under way included),
+# stopped at its exit (below).
 _RUNNING: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+# The pipelines' threads that run torch or user code (the source, the collector that rebuilds
+# the results' tensors), waited for at exit (below).
+_CODE_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+# How long the interpreter's exit waits for those threads, all together, once stopped.
+EXIT_JOIN_S = 2.0
 
 
 @atexit.register
@@ -88,6 +94,13 @@ def _stop_running() -> None:
     then) waited out its whole stop bound for relays that could no longer move; a training
     script took 2 to 5 s to exit after Ctrl-C, now about 1 s.
 
+    A stop under way in another thread (a loader's epoch left by ``break`` is stopped in a
+    thread of its own) is waited for, and so are the threads that rebuild tensors: a daemon
+    thread that comes back from torch's C++ code (which lets the GIL go) once the teardown
+    has begun is ended by ``pthread_exit`` inside it, and the process aborted ("terminate
+    called without an active exception", exit status 134) in 1 run in 8 of a script whose
+    last epoch ended with ``break``; torch's loader runs no such thread.
+
     A child forked from the training process (``os.fork()``, left by ``sys.exit``) holds
     copies of its parent's running pipelines: ``stop()`` leaves those alone (it killed the
     parent's workers and removed their shared memory: the parent's epoch failed)."""
@@ -96,6 +109,9 @@ def _stop_running() -> None:
             pipeline.stop()
         except Exception:  # noqa: BLE001 - every other pipeline is still stopped
             log.exception("pipeline '%s' could not be stopped at exit", pipeline.name)
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for thread in list(_CODE_THREADS):
+        join_unless_current(thread, max(0.0, deadline - time.monotonic()))
 
 
 class Pipeline:
@@ -303,6 +319,7 @@ class Pipeline:
             ]
             for thread in self._threads:
                 thread.start()
+            _CODE_THREADS.update(self._threads[:2])
             _RUNNING.add(self)
         return self
 
@@ -346,7 +363,6 @@ class Pipeline:
                     return
                 self._stopped = True
                 self._stop.set()
-                _RUNNING.discard(self)
                 deadline = time.monotonic() + self.stop_timeout_s
                 draining = [p.inbox for pools in self._draining for p in pools[1:]]
                 for inbox in [*self._inboxes, *draining, self._ready]:
@@ -368,6 +384,8 @@ class Pipeline:
                 self._zygote.close()
             shm.sweep(self._prefix)
             shm.forget(self._prefix)
+            # Only now: until its stop is done, the interpreter's exit waits for it (above).
+            _RUNNING.discard(self)
         if stuck:
             log.warning(
                 "pipeline '%s' stopped, leaving %d thread(s) still inside user code: %s",

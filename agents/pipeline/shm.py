@@ -314,17 +314,48 @@ _TABLE: dict | None = None
 def _reduce_tensor(tensor: Any) -> Any:
     if not _plain_tensor(tensor):
         return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    span = _strided_span(tensor)
+    if span is not None:
+        flat = span.view(_torch().uint8).numpy()
+        return _tensor_from_bytes, (
+            pickle.PickleBuffer(flat), str(tensor.dtype), tuple(tensor.shape), tensor.stride()
+        )  # fmt: skip
     flat = tensor.detach().contiguous().reshape(-1).view(_torch().uint8).numpy()
     return _tensor_from_bytes, (pickle.PickleBuffer(flat), str(tensor.dtype), tuple(tensor.shape))
 
 
-def _tensor_from_bytes(data: bytearray, dtype: str, shape: tuple[int, ...]) -> Any:
-    """A tensor ``_reduce_tensor`` wrote (it keeps ``data`` as its memory, no copy)."""
+def _tensor_from_bytes(
+    data: bytearray, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...] | None = None
+) -> Any:
+    """A tensor ``_reduce_tensor`` wrote (it keeps ``data`` as its memory, no copy); with
+    ``stride``, laid out over it as the tensor sent was (``_strided_span``)."""
     torch_dtype = _torch_dtype(dtype)
     torch = _torch()
     if len(data) == 0:  # torch.frombuffer refuses an empty buffer
         return torch.empty(shape, dtype=torch_dtype)
-    return torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype).reshape(shape)
+    flat = torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype)
+    if stride is not None:
+        return flat.as_strided(shape, stride)
+    return flat.reshape(shape)
+
+
+def _strided_span(tensor: Any) -> Any:
+    """The memory a tensor that is not contiguous lies in, as one contiguous 1-D tensor of
+    its dtype, where that memory holds nothing else: a permuted tensor (``permute``,
+    ``channels_last``, ``.t()``) or one that repeats its elements (``expand``). Sent with the
+    tensor's strides, it comes back laid out as it was sent, as torch's workers send a tensor
+    (its storage and strides). Made contiguous instead, a batch of ``channels_last`` images
+    arrived as a contiguous one (another layout, other kernels in the model), and an
+    expanded tensor arrived as large as its expansion. ``None``: contiguous already, or with
+    gaps between its elements (a strided slice: sent contiguous, its own elements only)."""
+    if tensor.is_contiguous() or tensor.numel() == 0:
+        return None
+    span = 1 + sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
+    if span > tensor.numel():
+        return None
+    return tensor.detach().as_strided((span,), (1,))
 
 
 def _nbytes(buf: Any) -> int:
@@ -363,6 +394,7 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
         return slot
 
     shared = _shared_storages(found)
+    spans: list[tuple[_Slot, Any]] = []  # the memory of the tensors sent with their strides
     for buf in found:
         if id(buf) in layout:
             continue
@@ -383,6 +415,12 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
             layout[id(buf)] = _View(
                 slot, str(buf.dtype), tuple(buf.shape), tuple(buf.stride()), buf.storage_offset()
             )
+        elif (span := _strided_span(buf)) is not None:
+            # Sent as its memory and its strides (_strided_span says why).
+            raw = span.view(_torch().uint8)
+            slot = place(raw.numel(), "storage", "uint8", (raw.numel(),))
+            spans.append((slot, raw))
+            layout[id(buf)] = _View(slot, str(buf.dtype), tuple(buf.shape), buf.stride(), 0)
         else:
             layout[id(buf)] = place(nbytes, "torch", str(buf.dtype), tuple(buf.shape))
     try:
@@ -401,7 +439,7 @@ def pack(obj: Any, prefix: str, min_bytes: int = DEFAULT_MIN_BYTES) -> Any:
     try:
         view, target = np.frombuffer(region, dtype=np.uint8)[base:], None
         copies = [(layout[id(b)], b) for b in found]
-        copies += list(storages.values())
+        copies += list(storages.values()) + spans
         for slot, buf in copies:
             if isinstance(slot, _View):
                 continue  # its storage is copied once, below
