@@ -663,7 +663,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _epoch_finished(self, iterator: _EpochIterator, collected: bool = False) -> None:
         """The consumer reached the end of an epoch (or left it): free its workers. The
         pipeline is swapped for the next epoch's under the lock, and stopped after it
-        (``collected``: the iterator is being garbage-collected; see ``_stop_soon``)."""
+        (``collected``: the iterator is being garbage-collected; see ``_stop_soon``; the next
+        epoch's pipeline is then built on the stopping thread, not in the collection)."""
+        rebuild = False
         with self._lock:
             # A reference that answers None is one being collected (this one, or another).
             self._iterator_refs = [
@@ -684,12 +686,28 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                     self._pipeline = self._receiver.pipeline
                 else:
                     # The next epoch's pipeline, unstarted: the agent keeps a handle meanwhile.
-                    self._pipeline = self._build_pipeline(self._base_seed or 0)
                     self._receiver = None
+                    if collected:
+                        # Not here: a collection runs wherever an allocation triggered it, and
+                        # building allocates shared memory from multiprocessing's heap, whose
+                        # lock that allocation may hold (RawArray inside the next epoch's
+                        # start): the build waited on it for ever (the loader hunter, seed
+                        # 95064). The old pipeline stays the agent's handle until then.
+                        rebuild = True
+                    else:
+                        self._pipeline = self._build_pipeline(self._base_seed or 0)
         if collected:
-            _stop_soon(receiver)
+            finished = receiver.pipeline
+            _stop_soon(receiver, then=(lambda: self._follow(finished)) if rebuild else None)
         else:
             receiver.stop()
+
+    def _follow(self, finished: Pipeline) -> None:
+        """The next epoch's pipeline, unstarted, in place of ``finished`` where that is still
+        the current one (no epoch started since)."""
+        with self._lock:
+            if self._receiver is None and self._pipeline is finished:
+                self._pipeline = self._build_pipeline(self._base_seed or 0)
 
     def close(self) -> None:
         """Stop the workers now (persistent ones included); the loader can iterate again."""
@@ -1316,7 +1334,7 @@ def _warn_past_len(dataset: Any, length: int, yielded: int, num_workers: int) ->
     warnings.warn(message, stacklevel=3)
 
 
-def _stop_soon(receiver: _Receiver) -> None:
+def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> None:
     """Stop a pipeline from a garbage collection, in a thread of its own.
 
     A collection runs wherever an allocation triggers it: a loader left in a reference cycle
@@ -1334,14 +1352,27 @@ def _stop_soon(receiver: _Receiver) -> None:
 
     At the interpreter's exit (the traceback of a Ctrl-C holds the iterator until then) it
     stops in place: no thread runs once the interpreter finalizes, and ``start()`` waited
-    for one for ever. The pipelines were stopped by then (``atexit``): it returns at once."""
+    for one for ever. The pipelines were stopped by then (``atexit``): it returns at once.
+
+    ``then`` runs on that thread after the stop (never in the collection, nor at exit)."""
+    stop = receiver.stop
     if receiver.pipeline._stopped:
         receiver._stopped.set()  # the receiving end only: its thread leaves, never waited on
-        return
+        stop = None
     if sys.is_finalizing():
-        receiver.stop()
+        if stop is not None:
+            stop()
         return
-    threading.Thread(target=receiver.stop, name="intune-loader-stop", daemon=True).start()
+    if stop is None and then is None:
+        return
+
+    def stop_then() -> None:
+        if stop is not None:
+            stop()
+        if then is not None:
+            then()
+
+    threading.Thread(target=stop_then, name="intune-loader-stop", daemon=True).start()
 
 
 class _Receiver:
