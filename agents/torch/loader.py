@@ -1147,16 +1147,7 @@ class _SamplerDraws:
         iterable dataset)."""
         if loader._iterable:
             return None
-        # The loader's, its sampler's own, and a batch sampler's sampler's own
-        # (``batch_sampler=BatchSampler(RandomSampler(data, generator=g), ...)``).
-        inner = getattr(loader.batch_sampler, "sampler", None)
-        generators = []
-        for generator in (loader.generator, _sampler_generator(loader),
-                          getattr(inner, "generator", None)):  # fmt: skip
-            if isinstance(generator, torch.Generator) and all(
-                generator is not g for g in generators
-            ):
-                generators.append(generator)
+        generators = [g for g in (loader.generator, _sampler_generator(loader)) if g is not None]
         if not generators:
             return None
         ahead = (loader.prefetch_factor or 2) * loader.num_workers if loader.num_workers else 0

@@ -1,7 +1,6 @@
 """After an epoch left early (``break``, an iterator dropped or kept aside for a new
-``iter()``, ``close()``), the next epochs' shuffles, drawn from the loader's ``generator``
-(or from its sampler's own, or its batch sampler's sampler's own), are torch's, however far
-ahead of the loop the pipeline had read the sampler.
+``iter()``, ``close()``), the next epochs' shuffles, drawn from the loader's ``generator``,
+are torch's, however far ahead of the loop the pipeline had read the sampler.
 
 torch reads the sampler ``prefetch_factor * num_workers`` batches ahead of the training loop
 (none with ``num_workers=0``); ours reads as far as its queues allow. A ``RandomSampler``
@@ -38,18 +37,11 @@ class Items(tud.Dataset):
 def epochs(loader_class, case: dict) -> list[list]:
     """The batches of ``case["epochs"]``, each left after ``case["left_at"][e]`` batches
     (``None``: read whole) in the way ``case["how"]`` says."""
-    generator = torch.Generator().manual_seed(case["seed"])
-    dataset = Items(case["n"])
-    if case["drawn_by"] == "loader":
-        how = {"shuffle": True, "generator": generator, "batch_size": case["batch_size"]}
-    elif case["drawn_by"] == "sampler":
-        how = {"sampler": tud.RandomSampler(dataset, generator=generator),
-               "batch_size": case["batch_size"]}  # fmt: skip
-    else:  # a batch sampler's sampler
-        sampler = tud.RandomSampler(dataset, generator=generator)
-        how = {"batch_sampler": tud.BatchSampler(sampler, case["batch_size"] or 1, False)}
-    loader = loader_class(dataset, num_workers=case["num_workers"],
-                          persistent_workers=case["persistent"], **how)  # fmt: skip
+    loader = loader_class(
+        Items(case["n"]), batch_size=case["batch_size"], shuffle=True,
+        num_workers=case["num_workers"], persistent_workers=case["persistent"],
+        generator=torch.Generator().manual_seed(case["seed"]),
+    )  # fmt: skip
     seen, kept = [], []
     try:
         for left_at in case["left_at"]:
@@ -85,7 +77,6 @@ def cases(draw) -> dict:
         "num_workers": num_workers,
         "persistent": num_workers > 0 and draw(st.booleans()),
         "seed": draw(st.integers(0, 2**31)),
-        "drawn_by": draw(st.sampled_from(["loader", "sampler", "batch_sampler"])),
         "how": draw(st.sampled_from(["break", "kept", "close"])),
         "left_at": draw(
             st.lists(st.one_of(st.none(), st.integers(1, batches)), min_size=1, max_size=3)
@@ -101,5 +92,5 @@ def test_after_epochs_left_early_every_shuffle_is_torchs(case):
 
 def test_thirty_epochs_left_by_break_shuffle_as_torchs():
     case = {"n": 50, "batch_size": 2, "num_workers": 2, "persistent": False, "seed": 3,
-            "drawn_by": "loader", "how": "break", "left_at": [1 + e % 4 for e in range(30)]}  # fmt: skip
+            "how": "break", "left_at": [1 + e % 4 for e in range(30)]}  # fmt: skip
     assert epochs(DataLoader, case) == epochs(tud.DataLoader, case)
