@@ -449,14 +449,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                         current.close()  # not handed out by iter(): a copy's, a fork's
                 if reused is not None and self._plans is not None:
                     self._plans.finish(reused.epoch)  # the epoch it was on: fed no more
-                    if not reused._done:
-                        reused._rewind_sampler()
-            else:
-                # An older iteration someone still holds, left mid-epoch (``it = iter(loader)``
-                # then a new ``iter(loader)``): torch's has drawn no further than its batches.
-                for older in self._live_iterators():
-                    if not older._done:
-                        older._rewind_sampler(leave=False)
             self._epoch += 1
             epoch = self._epoch
             resume, self._resume = self._resume, None
@@ -513,8 +505,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                     self._base_seed, offset, epoch_seed)  # fmt: skip
                 if drawn is None:
                     drawn = self._sampler_iter(0, first=True)
-            draws = None if mid or self._sampler_first else _SamplerDraws.of(self)
-            items = self._epoch_items(epoch, epoch_seed, drawn, draws)
+            items = self._epoch_items(epoch, epoch_seed, drawn)
             self._place = place
             if self.persistent_workers:
                 if first_pipeline:
@@ -537,7 +528,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                     self._iterator_refs.append(weakref.ref(iterator))
                 iterator._place = place
                 iterator._num_yielded = skip
-                iterator._draws = draws
             return iterator
 
     # ----------------------------------------------------------------- checkpoints
@@ -612,11 +602,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return indices, skipped, (list(itertools.islice(indices, 1)) if first else None)
 
     def _epoch_items(
-        self,
-        epoch: int,
-        epoch_seed: int,
-        drawn: tuple[Any, int, list] | None = None,
-        draws: _SamplerDraws | None = None,
+        self, epoch: int, epoch_seed: int, drawn: tuple[Any, int, list] | None = None
     ) -> Iterator[Item]:
         """What the source feeds for one epoch: index lists then ``EpochEnd``, or (iterable
         datasets) endless ticks that the readers answer, numbered (see ``Read``). Batch ``k``
@@ -633,7 +619,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if first is None:
             first = list(itertools.islice(indices, 1))
         batched = self._auto_collation
-        draw = next if draws is None else draws.next
 
         def items() -> Iterator[Item]:
             # every batch of the sampler's, a failed one included
@@ -642,7 +627,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 yield epoch, (len(idx) if batched else 1), idx, fold(epoch_seed, next(number))
             while True:
                 try:
-                    idx = draw(indices)
+                    idx = next(indices)
                 except StopIteration:
                     break
                 except Exception as exc:
@@ -946,7 +931,6 @@ class _EpochIterator:
         self._len_called = self.loader._IterableDataset_len_called
         self._num_yielded = 0
         self._place: _Place | None = None  # set by DataLoader.__iter__
-        self._draws: _SamplerDraws | None = None  # set by DataLoader.__iter__
         # Several readers of an IterableDataset take turns, as torch's workers do (with
         # in_order=False too, where torch yields whichever batch is ready first).
         self._turns: _ReaderTurns | None = None
@@ -1033,7 +1017,6 @@ class _EpochIterator:
             self._stats.taken(0, batch=False)
             if self._place is not None:
                 self._place.finished(self.loader)
-            self._draws = None  # read to its end, as torch's
             self._finish()
             raise StopIteration
         if isinstance(payload, SamplerFailed):
@@ -1059,17 +1042,6 @@ class _EpochIterator:
         """One more of the sampler's batches handed out (or raised) for ``state_dict()``."""
         if self._place is not None:
             self._place.num_yielded += 1
-        if self._draws is not None:
-            self._draws.outcomes += 1
-
-    def _rewind_sampler(self, leave: bool = True) -> None:
-        """The epoch is left before its end (``leave=False``: a newer one starts beside it):
-        its sampler's generators go back to where torch's would be (``_SamplerDraws``)."""
-        draws = self._draws
-        if leave:
-            self._draws = None
-        if draws is not None:
-            draws.rewind(leave)
 
     def _inside_init(self) -> str:
         """What a timeout's error adds: the workers still inside ``worker_init_fn``."""
@@ -1086,7 +1058,6 @@ class _EpochIterator:
         # Ctrl-C held: cut between the two, the epoch read as ended and its workers ran on.
         with deferred():
             if not self._done:
-                self._rewind_sampler()
                 self._done = True
                 self.loader._epoch_finished(self, collected)
 
@@ -1109,89 +1080,6 @@ class _EpochIterator:
             self._finish(collected=True)
         except Exception:
             pass
-
-
-class _SamplerDraws:
-    """An epoch's draws from its sampler's iterator, so that an epoch left early leaves the
-    sampler's generators where torch's leaves them.
-
-    torch's iterator draws ``prefetch_factor * num_workers`` batches of indices when it
-    starts (none with ``num_workers=0``) and one more per batch it hands out or raises; ours
-    reads as far ahead as its queues allow. A draw may move the loader's ``generator``
-    (``RandomSampler`` draws one more permutation when it runs out), so after an epoch left
-    early (``break``, ``limit_train_batches``) the next epoch's shuffle was not torch's,
-    and not even the same from one run to the next: it depended on how far ahead the
-    pipeline had read. Each draw here keeps the generators' states before it; an epoch left
-    early sets them back to the states before the first draw torch would not have made,
-    unless something else drew from them since (then they are left as they are), and draws
-    no more. Only the states a rewind may still need are kept (those past the batches handed
-    out plus torch's read-ahead)."""
-
-    # How long an epoch's end waits for a draw under way (the sampler's own code) before it
-    # leaves the generators as they are.
-    WAIT_S = 1.0
-
-    def __init__(self, generators: list[torch.Generator], ahead: int) -> None:
-        self._generators = generators
-        self._ahead = ahead
-        self._lock = threading.Lock()
-        self._calls = 1  # the epoch's first batch is drawn in iter(), before these
-        self._before: collections.deque[tuple[int, list[torch.Tensor]]] = collections.deque()
-        self._after: list[torch.Tensor] | None = None
-        self._left = False
-        self.outcomes = 0  # batches handed out or raised (the iterator counts them)
-
-    @classmethod
-    def of(cls, loader: DataLoader) -> _SamplerDraws | None:
-        """The guard for an epoch of ``loader`` (``None``: no generator to keep, or an
-        iterable dataset)."""
-        if loader._iterable:
-            return None
-        generators = [g for g in (loader.generator, _sampler_generator(loader)) if g is not None]
-        if not generators:
-            return None
-        ahead = (loader.prefetch_factor or 2) * loader.num_workers if loader.num_workers else 0
-        return cls(generators, ahead)
-
-    def _states(self) -> list[torch.Tensor]:
-        return [g.get_state() for g in self._generators]
-
-    def next(self, indices: Iterator[Any]) -> Any:
-        """The sampler's next batch of indices (``StopIteration`` once the epoch was left)."""
-        with self._lock:
-            if self._left:
-                raise StopIteration
-            needed = self._ahead + self.outcomes + 1  # the first draw torch has not made yet
-            while self._before and self._before[0][0] < needed:
-                self._before.popleft()
-            self._calls += 1
-            self._before.append((self._calls, self._states()))
-            try:
-                return next(indices)
-            finally:
-                self._after = self._states()
-
-    def rewind(self, leave: bool = True) -> None:
-        """The epoch was left: set the generators back to torch's, and draw no more.
-        ``leave=False``: a newer epoch starts beside this one, which may still be read on (as
-        torch's older iterator may): set them back, and go on drawing from there."""
-        if not self._lock.acquire(timeout=self.WAIT_S):
-            self._left = self._left or leave
-            return
-        try:
-            self._left = self._left or leave
-            first_not_made = self._ahead + self.outcomes + 1
-            states = next((s for call, s in self._before if call == first_not_made), None)
-            if states is None or self._after is None:
-                return  # ours drew no further than torch
-            now = self._states()
-            if any(not torch.equal(a, b) for a, b in zip(now, self._after, strict=True)):
-                return  # drawn from since (a newer epoch): left to that
-            for generator, state in zip(self._generators, states, strict=True):
-                generator.set_state(state)
-        finally:
-            self._before.clear()
-            self._lock.release()
 
 
 class _ReaderTurns:

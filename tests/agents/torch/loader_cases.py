@@ -249,14 +249,12 @@ class Case:
         of every ``num_workers`` for a map-style dataset, and it starts no process), except
         where its workers make a difference a user sees: an iterable dataset read by several
         workers (each reads its share), persistent workers with a shuffle (torch draws the
-        base seed from the generator once, not every epoch, so the orders differ), a shuffle
-        (after an epoch left early the generator is where torch's is at ours, whose reading
-        ahead depends on ``num_workers``), and a failing ``worker_init_fn`` (torch calls it
-        only in workers)."""
+        base seed from the generator once, not every epoch, so the orders differ), and a
+        failing ``worker_init_fn`` (torch calls it only in workers)."""
         workers = self.options.get("num_workers", 0)
         if self.kind == "iterable" and workers >= 2:
             return workers
-        if self.sampling == "shuffle":
+        if self.options.get("persistent_workers") and self.sampling == "shuffle":
             return workers
         if self.fault.where in ("worker_init", "stall") and workers > 0:
             return workers  # "stall": torch's timeout needs workers
@@ -327,8 +325,15 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
     )
     epochs = []
     count = draw(st.integers(1, max_epochs))
-    for _ in range(count):
+    for e in range(count):
         action = draw(st.sampled_from(["full", "full", "break", "del", "new_iter", "close"]))
+        if sampling == "shuffle" and e < count - 1:
+            # A known difference, not generated (test_a_partial_epoch_then_a_shuffle...):
+            # torch reads the sampler prefetch_factor * num_workers batches ahead (none with
+            # num_workers=0), ours as far as its queues allow; a RandomSampler draws from the
+            # loader's generator once more when exhausted, so after a partial epoch that ours
+            # read to its end the next epoch's order differs from torch's.
+            action = "full"
         epochs.append((action,) if action == "full" else (action, draw(st.integers(0, 8))))
     if where == "stall":
         options["timeout"] = STALL_TIMEOUT_S

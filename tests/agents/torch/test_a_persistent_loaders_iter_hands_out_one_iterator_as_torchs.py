@@ -92,8 +92,9 @@ def play(loader, ops: list) -> list:
 def test_a_persistent_loaders_iter_hands_out_one_iterator_reset_as_torchs(
     ops, iterable, workers, n
 ):
-    # Not shuffled: a shuffle after an epoch left early has a test of its own
-    # (test_generated_after_a_partial_epoch_the_shuffles_from_the_loaders_generator_are_torchs).
+    # Not shuffled: an epoch left early leaves a shuffle's generator where torch's is only
+    # if both read the sampler equally far (a known difference: test_after_a_partial_epoch_
+    # a_shuffle_from_the_loaders_generator_is_torchs.py).
     def run(cls, **extra):
         dataset = Rows(n) if iterable else list(range(n))
         loader = cls(dataset, batch_size=2, num_workers=workers, persistent_workers=True,
