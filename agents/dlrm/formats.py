@@ -509,44 +509,42 @@ def _check_schema(name: str, schema: Any, columns: Columns) -> None:
         kind = schema.field(column).type
         return kind.value_type if types.is_dictionary(kind) else kind
 
-    def numeric(kind: Any) -> bool:
-        # Decimals: SQL engines (Hive, Spark SQL, Trino) write DECIMAL columns so.
-        return any(
-            is_kind(kind)
-            for is_kind in (types.is_integer, types.is_floating, types.is_boolean,
-                            types.is_decimal)
-        )  # fmt: skip
-
-    def text(kind: Any) -> bool:
-        # Hive, Impala and older Spark write strings as plain binary (no UTF8 annotation).
-        return any(
-            is_kind(kind)
-            for is_kind in (types.is_string, types.is_large_string, types.is_binary,
-                            types.is_large_binary)
-        )  # fmt: skip
-
-    if not numeric(value_type(columns.label)):
+    if not _is_number(value_type(columns.label)):
         kind = value_type(columns.label)
         raise ValueError(f"{name}: column {columns.label} is {kind}, not a number{_as_text(kind)}")
     for column in columns.dense:
         # A column of nulls only (pandas writes a column of None as type null): all missing.
-        if not (numeric(value_type(column)) or types.is_null(value_type(column))):
+        if not (_is_number(value_type(column)) or types.is_null(value_type(column))):
             kind = value_type(column)
             raise ValueError(f"{name}: column {column} is {kind}, not a number{_as_text(kind)}")
     for column in columns.sparse:
         kind = value_type(column)
-        if not (types.is_integer(kind) or text(kind) or types.is_null(kind)):
+        if not (types.is_integer(kind) or _is_text(kind) or types.is_null(kind)):
             raise ValueError(
                 f"{name}: column {column} is {kind}; a categorical feature is hex strings "
                 "(Criteo's 8 hex digits) or integers already hashed"
             )
 
 
+def _is_number(kind: Any) -> bool:
+    """Whether a Parquet column of this type holds numbers. Decimals: SQL engines (Hive,
+    Spark SQL, Trino) write DECIMAL columns so."""
+    types = _pyarrow().types
+    tests = (types.is_integer, types.is_floating, types.is_boolean, types.is_decimal)
+    return any(is_kind(kind) for is_kind in tests)
+
+
+def _is_text(kind: Any) -> bool:
+    """Whether a Parquet column of this type holds text. Hive, Impala and older Spark write
+    strings as plain binary (no UTF8 annotation)."""
+    types = _pyarrow().types
+    tests = (types.is_string, types.is_large_string, types.is_binary, types.is_large_binary)
+    return any(is_kind(kind) for is_kind in tests)
+
+
 def _as_text(kind: Any) -> str:
     """What to do about numbers stored as text (a CSV read without a schema leaves them so)."""
-    types = _pyarrow().types
-    if not any(is_kind(kind) for is_kind in (types.is_string, types.is_large_string,
-                                              types.is_binary, types.is_large_binary)):  # fmt: skip
+    if not _is_text(kind):
         return ""
     return (
         " (numbers stored as text, as a CSV read without a schema leaves them: write the "

@@ -319,7 +319,8 @@ class Pipeline:
             ]
             for thread in self._threads:
                 thread.start()
-            _CODE_THREADS.update(self._threads[:2])
+            source, collector, _ = self._threads
+            _CODE_THREADS.update((source, collector))
             _RUNNING.add(self)
         return self
 
