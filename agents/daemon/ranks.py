@@ -271,6 +271,10 @@ class HostPipelines:
         self._stages = list(stages) if stages else None
         self._lock = threading.Condition()
         self._connected: dict[int, _Rank] = {}
+        # The live reports the last metrics() summed: the same sample's trainer figures and
+        # ranks list come from them (a rank whose first report came in between is in the next
+        # sample; read afresh, one sample summed one rank's stages and listed two ranks).
+        self._sampled: list[tuple[int, dict, dict]] | None = None
         self._in_force: dict[str, int] | None = None
         # Each rank's share of the allocation in force (split_across_ranks), by rank.
         self._split: dict[int, dict[str, int]] = {}
@@ -376,11 +380,18 @@ class HostPipelines:
         live = self._live_reports()
         if not live:
             raise NothingToSample("no rank has reported lately")
+        self._sampled = live
         return sum_stages([report["stages"] for _, report, _ in live], self.stage_names)
 
+    def _sampled_reports(self) -> list[tuple[int, dict, dict]]:
+        """The reports the last ``metrics()`` summed (those live now before any)."""
+        sampled = self._sampled
+        return sampled if sampled is not None else self._live_reports()
+
     def consumer_stats(self) -> dict:
-        """The host's trainer: samples/s summed over the ranks, the other figures averaged."""
-        live = self._live_reports()
+        """The host's trainer over the ranks the last ``metrics()`` summed: samples/s summed,
+        the other figures averaged."""
+        live = self._sampled_reports()
         trainers = [report["trainer"] for _, report, _ in live]
         if not trainers:
             return {"throughput": 0.0, "idle_fraction": 0.0, "device": "cpu"}
@@ -394,7 +405,8 @@ class HostPipelines:
         }
 
     def rank_fields(self) -> list[dict]:
-        """Each live rank's trainer figures and allocation, for the sample's ``ranks`` list."""
+        """Each rank's trainer figures and allocation, of the ranks the last ``metrics()``
+        summed, for the sample's ``ranks`` list."""
         return [
             {
                 "rank": rank,
@@ -404,7 +416,7 @@ class HostPipelines:
                 "wait_ms": report["trainer"]["wait_ms"],
                 "workers": allocation,
             }
-            for rank, report, allocation in self._live_reports()
+            for rank, report, allocation in self._sampled_reports()
         ]
 
     def rank_workers(self) -> dict[int, dict[str, int]]:
