@@ -394,10 +394,8 @@ _NUMBER = re.compile(r"(\d+)")
 
 
 def natural_key(name: str) -> list:
-    """Sorts ``day_2`` before ``day_10``; names whose numbers are equal (``0`` and ``00``) by
-    the name itself, so that every listing (a folder, its ``file://`` URL, a store) gives one
-    order whatever order it found them in."""
-    return [*(int(p) if p.isdigit() else p for p in _NUMBER.split(name)), name]
+    """Sorts ``day_2`` before ``day_10``."""
+    return [int(p) if p.isdigit() else p for p in _NUMBER.split(name)]
 
 
 def _left_out(name: str) -> bool:
