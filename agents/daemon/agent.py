@@ -507,13 +507,21 @@ class Agent:
         return True
 
     def _ship_loop(self) -> None:
+        # Each period counts from the start of the last batch, so that the time a batch takes to
+        # send does not lengthen the period (the mean stays ``batch_seconds``); a batch that took
+        # longer than its period (a slow or retried control plane) is followed by at least half
+        # a period's rest instead of the next batch at once.
+        period = self.config.batch_seconds
+        due = time.monotonic() + shipping_period(period)
         while not self._stop.is_set():
-            self._ship_now.wait(shipping_period(self.config.batch_seconds))
+            self._ship_now.wait(max(0.0, due - time.monotonic()))
             self._ship_now.clear()
+            started = time.monotonic()
             try:
                 self.flush()
             except Exception:
                 log.exception("unexpected error while shipping; the samples stay buffered")
+            due = max(started + shipping_period(period), time.monotonic() + 0.5 * period)
         # One last attempt on the way out (stop is set, so with_retries tries once), after the
         # sampler's last sample so that nothing taken is left behind.
         for t in self._threads:

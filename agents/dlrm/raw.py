@@ -393,9 +393,13 @@ def _label(path: str) -> str:
 _NUMBER = re.compile(r"(\d+)")
 
 
-def natural_key(name: str) -> list:
-    """Sorts ``day_2`` before ``day_10``."""
-    return [int(p) if p.isdigit() else p for p in _NUMBER.split(name)]
+def natural_key(name: str) -> tuple[list, str]:
+    """Sorts ``day_2`` before ``day_10``; names whose numbers are equal (``0`` and ``00``) by
+    the name itself, so that every listing (a folder, its ``file://`` URL, a store) gives one
+    order whatever order it found the files in."""
+    # split() with a group alternates text and number: the odd places are the numbers.
+    parts = [int(p) if i % 2 else p for i, p in enumerate(_NUMBER.split(name))]
+    return parts, name
 
 
 def _left_out(name: str) -> bool:
