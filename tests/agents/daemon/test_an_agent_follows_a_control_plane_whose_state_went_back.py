@@ -34,4 +34,3 @@ def test_after_a_restore_the_agent_takes_the_control_planes_allocations_again(
         timeout=10,
         what="version 2 reported applied",
     )
-
