@@ -42,6 +42,16 @@ class SampleBuffer:
         with self._lock:
             return self._dropped_total
 
+    def newest_seq(self) -> int | None:
+        """The sequence number of the newest sample held, or None when empty."""
+        with self._lock:
+            return self._samples[-1]["seq"] if self._samples else None
+
+    def holds_upto(self, seq: int | None) -> bool:
+        """Whether a sample numbered ``seq`` or lower is still held (None: False)."""
+        with self._lock:
+            return seq is not None and bool(self._samples) and self._samples[0]["seq"] <= seq
+
     def append(self, sample: dict) -> None:
         """Add a sample at the tail, dropping the oldest one when the buffer is full."""
         with self._lock:
