@@ -7,7 +7,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 INSTALLED := $(VENV)/.installed
 # pytest processes for `make test` (pytest-xdist); files are handed out whole (--dist loadfile),
-# so that a module's live stack or other module-scoped fixture is started once. soak stays serial.
+# so that a module's live stack or other module-scoped fixture is started once, longest first
+# (tests/durations.json, tests/conftest.py; refresh it with INTUNE_TEST_DURATIONS=tests/durations.json
+# make test). soak stays serial.
 # Two on any host: most tests wait on child processes and live stacks (TEST_WORKERS=1: serial).
 TEST_WORKERS ?= 2
 
@@ -35,7 +37,7 @@ demo: $(INSTALLED)
 test: $(INSTALLED)
 	bash scripts/ensure-test-tools
 	$(PY) -m ruff check agents tuner webapp benchmarks tests
-	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 soak: $(INSTALLED)
 	$(PY) -m pytest -m soak --run-soak $(PYTEST_ARGS)

@@ -4,10 +4,12 @@ Services are real: Redis is the one named by REDIS_URL (CI) or an embedded redis
 the database is PostgreSQL when DATABASE_URL names it (CI), else SQLite.
 """
 
+import json
 import os
 import sys
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -21,13 +23,49 @@ def pytest_addoption(parser):
     )
 
 
+# Each test file's seconds in the last recorded run (setup, call and teardown of its tests).
+# `make test` hands files to its two processes longest first (with --no-loadscope-reorder;
+# xdist's own order is by number of tests, which put the long single-test files last and left
+# one process waiting on them at the end). Written by a run with INTUNE_TEST_DURATIONS=PATH.
+DURATIONS = Path(__file__).with_name("durations.json")
+UNKNOWN_FILE_S = 5.0  # a file not yet recorded: about the median
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
+    try:
+        seconds = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        seconds = {}
+    # Stable: a file's tests stay together and in their order (module-scoped fixtures).
+    items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), UNKNOWN_FILE_S))
     if config.getoption("--run-soak"):
         return
     skip = pytest.mark.skip(reason="soak test: run with make soak")
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+_RECORDED: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("INTUNE_TEST_DURATIONS"):  # in the controller, xdist's workers' reports too
+        file = _file_of(report.nodeid)
+        _RECORDED[file] = _RECORDED.get(file, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get("INTUNE_TEST_DURATIONS")
+    if out and _RECORDED and not hasattr(session.config, "workerinput"):
+        ordered = dict(
+            sorted(((f, round(s, 1)) for f, s in _RECORDED.items()), key=lambda x: -x[1])
+        )
+        Path(out).write_text(json.dumps(ordered, indent=0) + "\n")
 
 
 @pytest.fixture(scope="session")
