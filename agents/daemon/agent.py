@@ -655,6 +655,7 @@ class Agent:
     def _poll_loop(self) -> None:
         wait_s = self.config.poll_wait_s
         while not self._stop.is_set():
+            asked = time.monotonic()
             try:
                 with self._lock:
                     after = self._seen_version
@@ -679,6 +680,13 @@ class Agent:
                     return
                 log.exception("unexpected error while polling; polling again")
                 self._stop.wait(self.config.backoff_max_s)
+                continue
+            if allocation is None and time.monotonic() - asked < min(1.0, wait_s / 2):
+                # Nothing new, answered long before the wait asked for: a control plane (or a
+                # proxy) that does not hold polls, or a web process on its way down answering
+                # the polls it held. Re-asking at once would be a busy loop against it, the
+                # whole fleet's in the same instant; rest a moment drawn at random instead.
+                self._stop.wait(random.uniform(0.5, 1.0) * min(1.0, wait_s))
                 continue
             if allocation is not None:
                 try:

@@ -91,6 +91,8 @@ class StandinControlPlane:
         # stores a sequence number once). What was stored so is in ``StoredHost.unanswered``.
         self.hang_up_after_storing = 0
         self.max_wait_s = 60.0  # longest long-poll hold; a longer ``wait`` is refused (400)
+        self.hold_polls = True  # False: answer every poll at once, as a proxy that holds none
+        self.polls = 0  # allocation polls answered, whatever the answer
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._port = port if port is not None else free_port()
@@ -341,8 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(
                 400, {"wait": [f"must be between 0 and {self.plane.max_wait_s:g} seconds"]}
             )
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + (wait if self.plane.hold_polls else 0.0)
         with self.plane.changed:
+            self.plane.polls += 1
             while True:
                 if self.server.gone:  # type: ignore[attr-defined]
                     self.close_connection = True

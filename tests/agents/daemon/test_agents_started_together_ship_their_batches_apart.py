@@ -9,7 +9,6 @@ thread stages (cheap to start four).
 """
 
 import itertools
-import json
 import statistics
 import time
 
@@ -73,37 +72,3 @@ def test_the_period_is_drawn_within_the_jitter_either_side():
     assert shipping_period(5.0, lambda: 0.0) == 5.0 * (1 - SHIP_JITTER)
     assert shipping_period(5.0, lambda: 1.0) == 5.0 * (1 + SHIP_JITTER)
     assert shipping_period(5.0, lambda: 0.5) == 5.0
-
-
-def test_a_control_plane_slower_than_the_sampling_interval_gets_one_batch_a_period(
-    control_plane, pipeline, consumer
-):
-    # Samples every 50 ms, answers after 250 ms: each batch's trip sees five new samples come
-    # in. They wait for the next period; a flush that sent them too posted batch after batch
-    # without rest (16 in 5 s here), more load on a control plane exactly when it was slow.
-    host = control_plane.add_host(STAGES)
-    config = AgentConfig(
-        url=control_plane.url, host_id=host.id, token=host.token, interval_s=0.05,
-        batch_seconds=1.0, poll_wait_s=2.0,
-    )  # fmt: skip
-    agent = Agent(pipeline, config)
-    posts: list[list[int]] = []
-    post = agent.client.post_metrics
-
-    def slow_post(body: bytes) -> dict:
-        time.sleep(0.25)
-        answer = post(body)
-        posts.append([s["seq"] for s in json.loads(body)["samples"]])
-        return answer
-
-    agent.client.post_metrics = slow_post  # the real post, 250 ms late; one shipper calls it
-    agent.start()
-    try:
-        time.sleep(5.0)
-        during = len(posts)
-    finally:
-        agent.stop()
-    # About 5 periods of 1 s (each drawn within 20%); the flush of stop() comes after.
-    assert 3 <= during <= 7, f"{during} batches in 5 s at one a second: {[len(p) for p in posts]}"
-    seqs = [seq for batch in posts for seq in batch]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "every sample sent once, in order"
