@@ -68,9 +68,12 @@ How values map (documented defaults; what does not fit is said, naming the file 
   None so);
 - sparse: hex strings of up to 8 digits (Criteo's own; Parquet strings, or binary as Hive and
   Impala write them), empty or null missing (a column of type null: all); or integers
-  already hashed, taken as 32-bit hashes: an int32 as its 32 bits (TorchRec's int32 files hold
-  the hashes of 2**31 and above as negative numbers), a wider int in [0, 2**32). npy has no
-  missing value: TorchRec wrote it as 0, which reads as missing;
+  already hashed, taken as 32-bit hashes, their low 32 bits (the value modulo 2**32): an int32
+  as its 32 bits (TorchRec's int32 files hold the hashes of 2**31 and above as negative
+  numbers), a wider int in [0, 2**32) as itself, and a 64-bit hash (Spark's ``xxhash64``,
+  signed; Hive's ``hash``) as its low 32 bits, which the transform takes modulo the table's
+  size as it takes every hash. npy has no missing value: TorchRec wrote it as 0, which reads
+  as missing;
 - a bad row (a label or categorical value that does not fit) stops the pipeline with an error
   naming the file and row (rows counted from 0, as numpy and pyarrow count them), or with
   ``bad_lines="skip"`` is dropped and counted in ``pipeline.bad_lines``;
@@ -113,8 +116,8 @@ _NPY_SAMPLE_ROWS = 4096
 # A Parquet row group larger than this is worth a word (about 60 MB decoded, per read worker).
 _LARGE_GROUP = 262_144
 _WHAT_IS_READ = (
-    "raw text: *.tsv, *.txt, *.gz; TorchRec npy: {day}_dense.npy, {day}_sparse.npy, "
-    "{day}_labels.npy; Parquet: *.parquet"
+    f"raw text: {raw._WHAT_IS_RAW}; TorchRec npy: {{day}}_dense.npy, {{day}}_sparse.npy, "
+    "{day}_labels.npy; Parquet: *.parquet, or files with no suffix that start with PAR1"
 )
 # A hex digit's value; 255 for any other byte.
 _HEX = np.full(256, 255, dtype=np.uint8)
@@ -174,26 +177,31 @@ def list_files(
     location: str | Path,
     storage_options: dict[str, Any] | None = None,
     store_timeouts: raw.StoreTimeouts | None = None,
-) -> dict[str, str]:
+) -> dict[str, tuple[str, str | None]]:
     """Every file of a folder or under a URL prefix, its sub-folders' too, by name (its path
     under ``location``; ``_*`` and ``.*`` left out, see ``raw.list_tree``), with its path or
-    URL."""
+    URL and its layout (``layout_of``; ``None``: not data). A file whose name has no suffix
+    gets the layout its first bytes say (``raw.sniff``)."""
 
-    def data(name: str) -> bool:
-        return layout_of(name) is not None
+    def data(entry: dict[str, Any]) -> bool:
+        return layout_of(entry["name"], entry.get("content")) is not None
 
     listed = raw.list_tree(location, storage_options, store_timeouts, data)
-    return {f["name"]: f["path"] for f in listed}
+    return {f["name"]: (f["path"], layout_of(f["name"], f.get("content"))) for f in listed}
 
 
-def layout_of(name: str) -> str | None:
-    """The layout a file's name belongs to (``None``: none)."""
+def layout_of(name: str, content: str | None = None) -> str | None:
+    """The layout a file's name belongs to (``None``: none); for a name with no suffix, the
+    layout of its ``content`` as ``raw.sniff`` found it (Spark's ``part-00000``, Hive's
+    ``000000_0``: text, gzip or Parquet)."""
     if name.endswith(raw.SUFFIXES):
         return "raw"
     if _NPY_NAME.match(name):
         return "npy"
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
+    if raw.unnamed(name):
+        return {"parquet": "parquet", "text": "raw", "gzip": "raw"}.get(content or "")
     return None
 
 
@@ -210,8 +218,7 @@ def detect_layout(
         raise ValueError(f"data format {data_format!r}: use one of {', '.join(FORMATS)}")
     names = list_files(location, storage_options, store_timeouts)
     found: dict[str, list[str]] = {}
-    for name in names:
-        layout = layout_of(name)
+    for name, (_, layout) in names.items():
         if layout is not None:
             found.setdefault(layout, []).append(name)
     where = (
@@ -260,8 +267,8 @@ def plan_chunks(
     and refuses a file that does not fit as a whole, naming it."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    files = {n: p for n, p in list_files(location, storage_options, store_timeouts).items()
-             if layout_of(n) == layout}  # fmt: skip
+    files = {n: p for n, (p, kind) in list_files(location, storage_options, store_timeouts).items()
+             if kind == layout}  # fmt: skip
     if layout == "npy":
         chunks = _plan_npy(files, batch_size, storage_options, store_timeouts)
     elif layout == "parquet":
@@ -749,7 +756,7 @@ def convert(item: dict[str, Any]) -> dict[str, Any]:
                 dense = np.rint(np.exp(np.where(wrong, 0.0, logs)) - 3.0)
         hashes = np.empty((n, NUM_SPARSE), dtype=np.uint32)
         for i in range(NUM_SPARSE):
-            hashes[:, i] = rows.integers(columns["sparse"][:, i], None, f"sparse column {i}")
+            hashes[:, i] = rows.integers(columns["sparse"][:, i])
         return rows.item(label, dense.astype(np.float32), hashes, hashes != 0)
     column = columns["label"]
     label = rows.labels(column["values"], column["null"], column["name"])
@@ -762,7 +769,7 @@ def convert(item: dict[str, Any]) -> dict[str, Any]:
     strings = []
     for i, column in enumerate(columns["sparse"]):
         if "values" in column:
-            hashes[:, i] = rows.integers(column["values"], column["null"], column["name"])
+            hashes[:, i] = rows.integers(column["values"])
             present[:, i] = ~column["null"]
         else:
             strings.append(i)
@@ -854,16 +861,15 @@ class _Rows:
         self.flag(other, lambda i: f"{name} is {values[i]:g}, not 0 or 1")
         return np.where(values == 1, 1.0, 0.0).astype(np.float32)
 
-    def integers(self, values: np.ndarray, null: np.ndarray | None, name: str) -> np.ndarray:
-        """Already-hashed categorical values as 32-bit hashes (0 where null or bad)."""
-        if values.dtype == np.int32 or values.dtype.itemsize < 4 and values.dtype.kind == "u":
-            return values.astype(np.uint32)  # an int32 as its 32 bits
-        wide = values.astype(np.int64) if values.dtype.kind == "i" else values
-        out = (wide < 0) | (wide >= 1 << 32) if wide.dtype.kind == "i" else wide >= 1 << 32
-        if null is not None:
-            out &= ~null
-        self.flag(out, lambda i: f"{name} is {values[i]}, not a 32-bit hash (0 to 2**32 - 1)")
-        return np.where(out, 0, wide).astype(np.uint32)
+    def integers(self, values: np.ndarray) -> np.ndarray:
+        """Already-hashed categorical values as 32-bit hashes: their low 32 bits, the value
+        modulo 2**32 (0 where null: the caller filled those). An int32 is so taken as its 32
+        bits (TorchRec's int32 files), and a 64-bit hash (Spark's ``xxhash64``, signed) as
+        its low 32 bits; the transform then takes every hash modulo its table's size, as
+        TorchRec's preprocessing takes its hashes. (The batch holds 32-bit hashes in every
+        layout; a hash kept whole would take the table's size directly: the two give the
+        same index for tables of 2**k rows, and an equally spread one otherwise.)"""
+        return values.astype(np.uint32)  # numpy's integer cast keeps the low 32 bits
 
     def item(
         self, labels: np.ndarray, dense: np.ndarray, sparse: np.ndarray, present: np.ndarray

@@ -62,14 +62,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import bz2
 import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
+import threading
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -83,8 +86,19 @@ from agents.process_lock import SharedCount
 
 log = logging.getLogger(__name__)
 
-SUFFIXES = (".tsv", ".txt", ".gz")
-INDEX_VERSION = 3  # 3: blank lines and a header row are not rows
+# Criteo text: tab-separated, whatever the name says (Spark's CSV writer with sep='\t' names
+# its files ``part-...-c000.csv``; a comma-separated one is refused at its first line).
+TEXT_SUFFIXES = (".tsv", ".txt", ".csv")
+# The codecs read, by the suffix Spark, Hadoop and Hive give their files (``part-00000.gz``,
+# ``part-...-c000.txt.bz2``, Hive's ``000000_0.deflate``: Hadoop's DefaultCodec, zlib).
+CODECS = {".gz": "gzip", ".bz2": "bz2", ".deflate": "deflate"}
+# Codecs they write that nothing this reader has decodes: Hadoop's snappy and lz4 add a block
+# framing of their own to the codec's, and neither the standard library nor our dependencies
+# read zstd streams on Python 3.11. A file of one is refused when the pipeline is built.
+REFUSED_CODECS = {".snappy": "snappy", ".zst": "zstd", ".lz4": "lz4", ".lzo": "lzo"}
+SUFFIXES = TEXT_SUFFIXES + tuple(CODECS) + tuple(REFUSED_CODECS)
+_CODEC_NAMES = {"gzip": "gzip", "bz2": "bzip2", "deflate": "deflate (zlib)"}
+INDEX_VERSION = 4  # 3: blank lines and a header row are not rows; 4: codecs other than gzip
 BAD_LINE_POLICIES = ("error", "skip")
 _BLOCK = 1 << 20
 _NEWLINE = 10
@@ -132,6 +146,8 @@ class RawChunk:
     compressed_end: int = 0
     # How errors name the file: its path under the folder read (``day_0/part-00000.gz``).
     name: str = ""
+    # The codec of a compressed file (``CODECS``' values; "" for plain text).
+    codec: str = ""
 
 
 @dataclass
@@ -424,12 +440,19 @@ def list_tree(
     (``data(name)`` true of one of its own files): then its own files only, as a folder was
     always read (a ``sample/`` or ``raw/`` sub-folder beside the days is not read twice over
     them), and the sub-folders' data files left out are logged. Files and folders named ``_*``
-    or ``.*`` are left out (``_left_out``)."""
+    or ``.*`` are left out (``_left_out``).
+
+    With ``data``, a file whose name has no suffix (Spark's ``part-00000``, Hive's
+    ``000000_0``) is looked at before ``data`` sees it: its entry's ``content`` says what its
+    first bytes hold (``sniff``)."""
     files = _tree(location, storage_options, timeouts)
-    data = data or (lambda name: True)
+    looks = data is not None  # only files that may be data are looked at
+    data = data or (lambda entry: True)
     own = [f for f in files if "/" not in f["name"]]
-    if any(data(f["name"]) for f in own):
-        below = [f["name"] for f in files if "/" in f["name"] and data(f["name"])]
+    if looks:
+        sniff(own, storage_options, timeouts)
+    if any(data(f) for f in own):
+        below = [f["name"] for f in files if "/" in f["name"] and data(f)]
         if below:
             folders = sorted({n.split("/", 1)[0] + "/" for n in below}, key=natural_key)
             shown = ", ".join(folders[:6]) + (" ..." if len(folders) > 6 else "")
@@ -437,8 +460,98 @@ def list_tree(
                 "%s: reading the files in the folder itself; %d more in its sub-folders (%s) "
                 "are left out (give a sub-folder to read it)", location, len(below), shown,
             )  # fmt: skip
-        files = own
+        return own
+    if looks:
+        sniff(files, storage_options, timeouts)
     return files
+
+
+# What a file whose name says nothing holds is read from its first bytes (one ranged read, one
+# GET in a store): enough for a Criteo line (about 200 bytes) or a header row, a few times over.
+SNIFF_BYTES = 16 << 10
+# Files looked at in a store at once (each read a GET of its own, bounded by StoreTimeouts).
+_SNIFF_THREADS = 16
+_PARQUET_MAGIC = b"PAR1"
+_GZIP_MAGIC = b"\x1f\x8b"
+_sniffed: dict[tuple, str | None] = {}
+_sniffed_lock = threading.Lock()
+
+
+def unnamed(name: str) -> bool:
+    """Whether a file's name says nothing of what it holds: no suffix (Spark's
+    ``part-00000`` and ``part-00000-<uuid>-c000``, Hive's ``000000_0``)."""
+    return "." not in name.rsplit("/", 1)[-1]
+
+
+def sniff(
+    files: list[dict[str, Any]],
+    storage_options: dict[str, Any] | None = None,
+    timeouts: StoreTimeouts | None = None,
+) -> None:
+    """Set ``content`` on the entries of ``files`` (``list_tree``'s) whose name has no suffix:
+    ``"parquet"`` (``PAR1`` first), ``"gzip"`` (``1f 8b`` first), ``"text"`` (a first line of
+    Criteo's 40 tab-separated fields, or its header row) or ``None`` (none of them, or empty).
+    One read of at most ``SNIFF_BYTES`` from each file's start, once per process while the
+    file keeps its size and modification time; in a store each is a GET bounded by
+    ``timeouts``, several at once. Named files are not read."""
+    todo = [f for f in files if "content" not in f and unnamed(f["name"])]
+    if not todo:
+        return
+    if len(todo) == 1 or not is_url(todo[0]["path"]):
+        found = [_sniff_one(f, storage_options, timeouts) for f in todo]
+    else:
+        with ThreadPoolExecutor(min(_SNIFF_THREADS, len(todo))) as pool:
+            found = list(pool.map(lambda f: _sniff_one(f, storage_options, timeouts), todo))
+    for entry, content in zip(todo, found, strict=True):
+        entry["content"] = content
+
+
+def _sniff_one(
+    entry: dict[str, Any], storage_options: dict[str, Any] | None, timeouts: StoreTimeouts | None
+) -> str | None:
+    key = tuple(str(entry.get(k)) for k in ("path", "size", "mtime_ns", "etag", "mtime"))
+    with _sniffed_lock:
+        if key in _sniffed:
+            return _sniffed[key]
+    size, path = int(entry["size"]), entry["path"]
+    head = b""
+    if size > 0:
+        end = min(size, SNIFF_BYTES)
+        if is_url(path):
+            fs = filesystem(path, storage_options, timeouts)
+            head = _bounded(fs, path, "read the first bytes of", "cat_file", timeouts, path,
+                            start=0, end=end)  # fmt: skip
+        else:
+            try:
+                with open(path, "rb") as handle:
+                    head = handle.read(end)
+            except PermissionError as exc:
+                raise unreadable(path, exc) from None
+    content = content_of(head, whole=len(head) >= size)
+    with _sniffed_lock:
+        if len(_sniffed) > 100_000:
+            _sniffed.clear()
+        _sniffed[key] = content
+    return content
+
+
+def content_of(head: bytes, whole: bool = False) -> str | None:
+    """What a file whose first bytes are ``head`` holds (``sniff``); ``whole``: ``head`` is
+    the whole file (its first line may then end without a newline)."""
+    if head.startswith(_PARQUET_MAGIC):
+        # Its footer (PAR1 at the end too) is read, and checked, when the file is opened.
+        return "parquet"
+    if head.startswith(_GZIP_MAGIC):
+        return "gzip"
+    lines = head.removeprefix(_BOM).split(b"\n")
+    if not whole:
+        lines.pop()  # a line cut off by the read
+    for line in lines:
+        line = line.removesuffix(b"\r")
+        if line:
+            fields = line.split(b"\t")
+            return "text" if len(fields) == FIELDS or looks_like_header(line) else None
+    return None
 
 
 def _tree(
@@ -527,8 +640,28 @@ def _store_tree(
     return files
 
 
-def _is_raw(name: str) -> bool:
-    return name.endswith(SUFFIXES)
+def codec_of(name: str, content: str | None = None) -> str | None:
+    """The codec of a raw Criteo file ("" for plain text: ``TEXT_SUFFIXES``, or no suffix and
+    text inside; ``CODECS``' and ``REFUSED_CODECS``' values), or ``None`` for a file that is
+    not raw text. ``content`` is what ``sniff`` found in a file whose name has no suffix."""
+    for suffix, codec in (CODECS | REFUSED_CODECS).items():
+        if name.endswith(suffix):
+            return codec
+    if name.endswith(TEXT_SUFFIXES):
+        return ""
+    if unnamed(name):
+        return {"text": "", "gzip": "gzip"}.get(content or "")
+    return None
+
+
+def _is_raw(entry: dict[str, Any]) -> bool:
+    return codec_of(entry["name"], entry.get("content")) is not None
+
+
+_WHAT_IS_RAW = (
+    "*.tsv, *.txt, *.csv of tab-separated text, each maybe compressed (.gz, .bz2, .deflate), "
+    "or files with no suffix holding such text (Spark's part-00000, Hive's 000000_0)"
+)
 
 
 def store_files(
@@ -537,27 +670,50 @@ def store_files(
     """The Criteo objects under ``url`` (its sub-prefixes too), by name: one listing of the
     store, each with its ``url``, ``name``, ``size``, ``etag`` and ``mtime``."""
     files = [
-        {"url": f["path"], **{k: f[k] for k in ("name", "size", "etag", "mtime")}}
+        {"url": f["path"], "codec": codec_of(f["name"], f.get("content")),
+         **{k: f[k] for k in ("name", "size", "etag", "mtime")}}
         for f in list_tree(url, storage_options, timeouts, _is_raw)
-        if f["name"].endswith(SUFFIXES)
-    ]
+        if _is_raw(f)
+    ]  # fmt: skip
     if not files:
         raise FileNotFoundError(
-            f"no Criteo files found at {url} ({', '.join('*' + s for s in SUFFIXES)}); give "
-            "the prefix that holds them"
+            f"no Criteo files found at {url} ({_WHAT_IS_RAW}); give the prefix that holds them"
         )
     return files
 
 
 def data_files(folder: str | Path) -> list[dict[str, Any]]:
-    """The Criteo files of a folder and its sub-folders, by name (``list_tree``'s entries)."""
-    files = [f for f in list_tree(folder, data=_is_raw) if f["name"].endswith(SUFFIXES)]
+    """The Criteo files of a folder and its sub-folders, by name (``list_tree``'s entries,
+    each with its ``codec``)."""
+    files = [
+        {**f, "codec": codec_of(f["name"], f.get("content"))}
+        for f in list_tree(folder, data=_is_raw)
+        if _is_raw(f)
+    ]
     if not files:
         raise FileNotFoundError(
-            f"{folder} holds no Criteo files ({', '.join('*' + s for s in SUFFIXES)}); "
+            f"{folder} holds no Criteo files ({_WHAT_IS_RAW}); "
             "or generate a dataset with `python -m agents.dlrm.generate`"
         )
     return files
+
+
+def _refuse_codecs(files: list[dict[str, Any]]) -> None:
+    """Refuse, when the pipeline is built, files of a codec this reader does not decode,
+    naming them and saying what to do."""
+    refused = [f for f in files if f["codec"] in REFUSED_CODECS.values()]
+    if not refused:
+        return
+    codecs = sorted({f["codec"] for f in refused})
+    shown = ", ".join(f["name"] for f in refused[:6])
+    shown += f" and {len(refused) - 6} more" if len(refused) > 6 else ""
+    raise ValueError(
+        f"{shown}: compressed with {' and '.join(codecs)}, which this reader does not decode "
+        "(it reads gzip, bzip2 and deflate): write the text with one of those (Spark: "
+        ".option('compression', 'gzip'); Hive: SET mapreduce.output.fileoutputformat.compress"
+        ".codec=org.apache.hadoop.io.compress.GzipCodec), or decompress the files and give "
+        "the folder of those"
+    )
 
 
 def index_locations(folder: str | Path, batch_size: int) -> list[Path]:
@@ -588,12 +744,16 @@ def load_or_build_index(
     if is_url(folder):
         root = str(folder).rstrip("/")
         objects = store_files(root, storage_options, store_timeouts)
+        _refuse_codecs(objects)
         names = {o["url"]: o["name"] for o in objects}
+        codecs = {o["url"]: o["codec"] for o in objects}
         signature = [{k: o[k] for k in ("name", "size", "etag", "mtime")} for o in objects]
     else:
         root = Path(folder)
         files = data_files(root)
+        _refuse_codecs(files)
         names = {f["path"]: f["name"] for f in files}
+        codecs = {f["path"]: f["codec"] for f in files}
         signature = [{k: f[k] for k in ("name", "size", "mtime_ns")} for f in files]
     paths = list(names)
     locations = index_locations(root, batch_size)
@@ -606,7 +766,7 @@ def load_or_build_index(
     for path in paths:
         # Errors name a file by its path under the folder; an object by its URL.
         label = path if is_url(path) else names[path]
-        chunks += scan_file(path, batch_size, storage_options, store_timeouts, label)
+        chunks += scan_file(path, batch_size, storage_options, store_timeouts, label, codecs[path])
     if not chunks:
         # Nothing to read would leave a pipeline that cycles over its data (epochs=None)
         # spinning for ever without a batch.
@@ -693,19 +853,25 @@ def scan_file(
     storage_options: dict[str, Any] | None = None,
     store_timeouts: StoreTimeouts | None = None,
     name: str | None = None,
+    codec: str | None = None,
 ) -> list[RawChunk]:
     """The chunks of one file (a path or an object's URL): ``batch_size`` rows each, the
-    last what is left; ``name`` is how errors name the file (its path under the folder)."""
+    last what is left; ``name`` is how errors name the file (its path under the folder);
+    ``codec`` its codec ("" for plain text; found from the name when not given)."""
     path = str(path)
     name = name or _label(path)
-    compressed = path.endswith(".gz")
+    if codec is None:
+        codec = codec_of(path) or ""
+    if codec and codec not in _CODEC_NAMES:
+        _refuse_codecs([{"name": name, "codec": codec}])
+    compressed = bool(codec)
     members: list[tuple[int, int]] = []  # (offset in the file, offset in the inflated text)
     ends: list[int] = []  # where each member ends in the file
     cutter = _Cutter(batch_size, name)
     size = _REMOTE_MAX_READ if is_url(path) else _BLOCK
     with _open(path, storage_options, store_timeouts) as handle:
         if compressed:
-            pieces = _inflate(handle, members, size, name, ends)
+            pieces = _inflate(handle, members, size, name, ends, codec)
         else:
             pieces = _blocks(handle, size)
         lead = b""
@@ -738,6 +904,7 @@ def scan_file(
                 member_start,
                 compressed_end,
                 name,
+                codec,
             )
         )
     return chunks
@@ -754,11 +921,15 @@ def _inflate(
     size: int = _BLOCK,
     name: str = "",
     ends: list[int] | None = None,
+    codec: str = "gzip",
 ) -> Iterator[bytes]:
-    """The inflated text of a gzip file from where ``handle`` stands, member after member,
-    read ``size`` bytes at a time; ``members`` collects where each member starts (in the
-    file, and in the text), ``ends`` where each ends in the file."""
+    """The inflated text of a compressed file (``codec``: gzip, bz2 or deflate) from where
+    ``handle`` stands, member after member (gzip members, bzip2 streams, zlib streams, as
+    concatenated files and parallel compressors leave them), read ``size`` bytes at a time;
+    ``members`` collects where each member starts (in the file, and in the text), ``ends``
+    where each ends in the file."""
     name = name or str(getattr(handle, "name", "the file"))
+    said = _CODEC_NAMES[codec]
     at_file, at_text = handle.tell(), 0
     inflater = None
     block = b""
@@ -771,13 +942,15 @@ def _inflate(
             if not block.strip(b"\0"):
                 block = b""  # zero padding after the last member (some tools write it)
                 continue
-            inflater = zlib.decompressobj(31)
+            inflater = _decompressor(codec, block)
             if members is not None:
                 members.append((at_file, at_text))
         try:
             text = inflater.decompress(block)
-        except zlib.error as exc:
-            raise ValueError(f"{name}: not a valid gzip stream at byte {at_file} ({exc})") from None
+        except (zlib.error, OSError, EOFError) as exc:  # bz2 says OSError("Invalid data ...")
+            raise ValueError(
+                f"{name}: not a valid {said} stream at byte {at_file} ({exc})"
+            ) from None
         if text:
             at_text += len(text)
             yield text
@@ -792,8 +965,22 @@ def _inflate(
             block = b""
     if inflater is not None:
         raise ValueError(
-            f"{name}: the gzip stream ends in the middle of a member (a truncated file?)"
+            f"{name}: the {said} stream ends in the middle of a member (a truncated file?)"
         )
+
+
+def _decompressor(codec: str, block: bytes) -> Any:
+    """A decompressor of one member of ``codec`` that starts with ``block``."""
+    if codec == "bz2":
+        return bz2.BZ2Decompressor()
+    if codec == "deflate":
+        # Hadoop's DefaultCodec (Hive's and Spark's .deflate) writes zlib streams; some tools
+        # write raw deflate under the same name: a zlib header says which.
+        zlib_header = (
+            len(block) >= 2 and block[0] & 15 == 8 and (block[0] << 8 | block[1]) % 31 == 0
+        )
+        return zlib.decompressobj(15 if zlib_header else -15)
+    return zlib.decompressobj(31)
 
 
 class _Cutter:
@@ -948,7 +1135,8 @@ class _Cursor:
             size = min(max(span, _REMOTE_MIN_READ), _REMOTE_MAX_READ)
         self.handle = _open(chunk.path, storage_options, store_timeouts)
         self.handle.seek(chunk.member_offset)
-        self.pieces = _inflate(self.handle, size=size, name=chunk.name or _label(chunk.path))
+        self.pieces = _inflate(self.handle, size=size, name=chunk.name or _label(chunk.path),
+                               codec=chunk.codec or "gzip")  # fmt: skip
         self.buffer = bytearray()
         self.buffer_start = chunk.member_start  # the text offset of buffer[0]
 
