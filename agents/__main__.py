@@ -5,7 +5,8 @@ Examples::
     # register this host under job 7 once; the token is kept in ~/.intune-agent/agent.json
     intune-agent --url http://intune:8000 --job 7 --api-token $TOKEN --pipeline dlrm
 
-    # the built-in DLRM pipeline over your own Criteo files (.tsv, .tsv.gz, .gz), skipping
+    # the built-in DLRM pipeline over your own Criteo files (.tsv, .csv, .gz, .bz2, Spark's
+    # part-00000, Hive's 000000_0, npy days or Parquet), skipping
     # malformed lines instead of stopping on the first
     intune-agent --url http://intune:8000 --job 7 --api-token $TOKEN \\
         --data-dir /data/criteo --bad-lines skip
@@ -131,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="with --pipeline dlrm, read this folder of Criteo files as they come (.tsv, "
-        ".txt, .gz, .tsv.gz; indexed once, the index kept beside them), of TorchRec npy days "
-        "or of Parquet files (see --data-format) instead of a generated "
+        ".txt, tab-separated .csv, each maybe .gz, .bz2 or .deflate; Spark's part-00000 and "
+        "Hive's 000000_0, read by what they hold; indexed once, the index kept beside them), "
+        "of TorchRec npy days or of Parquet files (see --data-format) instead of a generated "
         "dataset; or an object-store URL (s3://bucket/prefix, gs://..., any fsspec URL; "
         "needs the store's package, e.g. pip install 'intune[s3]'; credentials and endpoint "
         "from the store's usual settings, e.g. AWS_PROFILE, AWS_ENDPOINT_URL_S3)",
@@ -240,7 +242,8 @@ def load_pipeline(
     if data_dir is not None and not url and not Path(data_dir).expanduser().is_dir():
         raise SystemExit(
             f"--data-dir {data_dir}: no such folder; give a folder of Criteo files (.tsv, .txt, "
-            ".gz, .tsv.gz), of TorchRec npy days or of Parquet files"
+            ".csv, .gz, .bz2, .deflate, Spark's part-00000), of TorchRec npy days or of Parquet "
+            "files"
         )
     from agents.pipeline.loading import load_factory
 

@@ -3,15 +3,17 @@
 ``build_pipeline(data_dir=...)`` (``intune-agent --data-dir``) takes a local folder or an
 fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one of:
 
-- **raw**: Criteo's text files (``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz``), read by
-  ``agents.dlrm.raw`` (indexed once, the index kept);
+- **raw**: Criteo's text files (``.tsv``, ``.txt``, tab-separated ``.csv``; plain, ``.gz``,
+  ``.bz2`` or ``.deflate``; Spark's ``part-00000`` and Hive's ``000000_0`` with no suffix),
+  read by ``agents.dlrm.raw`` (indexed once, the index kept);
 - **npy**: TorchRec's preprocessed layout (``torchrec.datasets.criteo.BinaryCriteoUtils``,
   its ``npy_preproc_criteo.py`` script): per day ``{day}_dense.npy`` (N x 13),
   ``{day}_sparse.npy`` (N x 26, int32 or int64) and ``{day}_labels.npy`` (N x 1 or N), days
   ordered by the numbers in their names (``day_2`` before ``day_10``);
 - **parquet**: ``.parquet`` / ``.parq`` / ``.pq`` files (NVTabular, Spark, pandas), any number
   of row groups each, with the columns ``label``, ``I1``..``I13``, ``C1``..``C26`` by default
-  (another naming: ``Columns``, given as ``columns``). Files named ``_*`` or ``.*`` (Spark's
+  (another naming: ``Columns``, given as ``columns``), and files with no suffix that start
+  with Parquet's ``PAR1`` (Hive's ``000000_0``). Files named ``_*`` or ``.*`` (Spark's
   ``_SUCCESS``, NVTabular's ``_metadata`` and ``_file_list.txt``) are left out.
 
 The files lie in the folder or, when it holds none itself, in its sub-folders, read in the
@@ -24,7 +26,10 @@ left out, and said so in the log.) Files and folders named ``_*`` or ``.*`` are 
 folder is refused, naming the folder to give. Errors name a file by its path under the folder
 (``date=2026-11-28/part-00000.parquet, row 12``).
 
-``detect_layout`` picks the layout from the file names; ``data_format`` (``--data-format``)
+``detect_layout`` picks the layout from the file names, and for a file with no suffix from its
+first bytes (``raw.sniff``: ``PAR1``, gzip's ``1f 8b``, or a first line of Criteo's 40
+tab-separated fields or its header; one small read, once; a file that is none of them is not
+data); ``data_format`` (``--data-format``)
 forces one (``raw``, ``npy``, ``parquet``) and leaves the other files aside. A folder holding
 two layouts, or none, is refused with the files it holds named.
 

@@ -1,5 +1,13 @@
-"""Criteo files as they come: a folder of ``.tsv``, ``.txt``, ``.gz``, ``.tsv.gz`` or ``.txt.gz``
-(its sub-folders too: ``list_tree``).
+"""Criteo files as they come: a folder of ``.tsv``, ``.txt`` or ``.csv`` (tab-separated: Spark's
+CSV writer with ``sep='\t'``), plain or compressed as Spark, Hadoop and Hive write them (``.gz``,
+``.bz2``, ``.deflate``: ``.tsv.gz``, ``part-...-c000.csv.bz2``, Hive's ``000000_0.deflate``), or
+files with no suffix (Spark's ``part-00000`` and ``part-00000-<uuid>-c000``, Hive's
+``000000_0``) whose first bytes are Criteo text or gzip (``sniff``: one small read of each,
+one GET in a store; files with a name are not read to list them); its sub-folders too
+(``list_tree``). ``.snappy``, ``.zst``, ``.lz4`` and ``.lzo`` files are refused when the
+pipeline is built, naming them and what to do (Hadoop frames snappy and lz4 its own way, and
+nothing installed reads zstd streams on Python 3.11). A comma-separated ``.csv`` is refused at
+its first line.
 
 (A folder of TorchRec's npy days or of Parquet files is read by ``agents.dlrm.formats``, which
 also finds which layout a folder holds; the stores, timeouts and bad-line policy below are
@@ -17,6 +25,8 @@ Reading a chunk, and what it costs:
 - gzip with many members (``bgzip``, ``pigz -i``, several ``.gz`` files concatenated, our
   generator's shards): the scan notes where each member starts; a chunk is inflated from
   the member it starts in, so chunks are read in parallel as well;
+- bzip2 and deflate (zlib) are read as gzip is: member by member (bzip2 streams, zlib
+  streams), so ``pbzip2``'s many streams are read in parallel and one stream in order;
 - gzip of one member (what ``gzip`` writes): a gzip stream cannot be entered in the middle,
   so its chunks are inflated in order by one worker that keeps its place in each file (the
   ``read`` stage then has at most one worker; ``parse`` and what follows still scale).
