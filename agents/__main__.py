@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="with --pipeline dlrm, read this folder of Criteo files as they come (.tsv, "
-        ".txt, tab-separated .csv, each maybe .gz, .bz2 or .deflate; Spark's part-00000 and "
+        ".txt, tab-separated .csv, each maybe .gz, .bz2, .deflate or .zst; Spark's part-00000 and "
         "Hive's 000000_0, read by what they hold; indexed once, the index kept beside them), "
         "of TorchRec npy days or of Parquet files (see --data-format) instead of a generated "
         "dataset; or an object-store URL (s3://bucket/prefix, gs://..., any fsspec URL; "

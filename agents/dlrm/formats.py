@@ -4,7 +4,7 @@
 fsspec URL (``s3://bucket/prefix``, ``file://``, ``memory://``, ...) holding one of:
 
 - **raw**: Criteo's text files (``.tsv``, ``.txt``, tab-separated ``.csv``; plain, ``.gz``,
-  ``.bz2`` or ``.deflate``; Spark's ``part-00000`` and Hive's ``000000_0`` with no suffix),
+  ``.bz2``, ``.deflate`` or ``.zst``; Spark's ``part-00000`` and Hive's ``000000_0`` with no suffix),
   read by ``agents.dlrm.raw`` (indexed once, the index kept);
 - **npy**: TorchRec's preprocessed layout (``torchrec.datasets.criteo.BinaryCriteoUtils``,
   its ``npy_preproc_criteo.py`` script): per day ``{day}_dense.npy`` (N x 13),

@@ -1,13 +1,14 @@
 """Criteo files as they come: a folder of ``.tsv``, ``.txt`` or ``.csv`` (tab-separated: Spark's
 CSV writer with ``sep='\t'``), plain or compressed as Spark, Hadoop and Hive write them (``.gz``,
-``.bz2``, ``.deflate``: ``.tsv.gz``, ``part-...-c000.csv.bz2``, Hive's ``000000_0.deflate``), or
+``.bz2``, ``.deflate``, ``.zst``: ``.tsv.gz``, ``part-...-c000.csv.bz2``, Hive's
+``000000_0.deflate``), or
 files with no suffix (Spark's ``part-00000`` and ``part-00000-<uuid>-c000``, Hive's
 ``000000_0``) whose first bytes are Criteo text or gzip (``sniff``: one small read of each,
 one GET in a store; files with a name are not read to list them); its sub-folders too
-(``list_tree``). ``.snappy``, ``.zst``, ``.lz4`` and ``.lzo`` files are refused when the
-pipeline is built, naming them and what to do (Hadoop frames snappy and lz4 its own way, and
-nothing installed reads zstd streams on Python 3.11). A comma-separated ``.csv`` is refused at
-its first line.
+(``list_tree``). ``.snappy``, ``.lz4`` and ``.lzo`` files are refused when the pipeline is
+built, naming them and what to do (Hadoop frames snappy and lz4 its own way, which nothing
+installed reads), and so is ``.zst`` without pyarrow (the standard library reads zstd from
+Python 3.14 only). A comma-separated ``.csv`` is refused at its first line.
 
 (A folder of TorchRec's npy days or of Parquet files is read by ``agents.dlrm.formats``, which
 also finds which layout a folder holds; the stores, timeouts and bad-line policy below are
@@ -26,7 +27,8 @@ Reading a chunk, and what it costs:
   generator's shards): the scan notes where each member starts; a chunk is inflated from
   the member it starts in, so chunks are read in parallel as well;
 - bzip2 and deflate (zlib) are read as gzip is: member by member (bzip2 streams, zlib
-  streams), so ``pbzip2``'s many streams are read in parallel and one stream in order;
+  streams), so ``pbzip2``'s many streams are read in parallel and one stream in order; zstd
+  (pyarrow's stream) always in order, as one member;
 - gzip of one member (what ``gzip`` writes): a gzip stream cannot be entered in the middle,
   so its chunks are inflated in order by one worker that keeps its place in each file (the
   ``read`` stage then has at most one worker; ``parse`` and what follows still scale).
@@ -101,13 +103,15 @@ log = logging.getLogger(__name__)
 TEXT_SUFFIXES = (".tsv", ".txt", ".csv")
 # The codecs read, by the suffix Spark, Hadoop and Hive give their files (``part-00000.gz``,
 # ``part-...-c000.txt.bz2``, Hive's ``000000_0.deflate``: Hadoop's DefaultCodec, zlib).
-CODECS = {".gz": "gzip", ".bz2": "bz2", ".deflate": "deflate"}
+# zstd (Spark's ``.zst``) is read with pyarrow's zstd stream (the standard library has none
+# before Python 3.14): with the parquet extra installed, refused, saying so, without it.
+CODECS = {".gz": "gzip", ".bz2": "bz2", ".deflate": "deflate", ".zst": "zstd"}
 # Codecs they write that nothing this reader has decodes: Hadoop's snappy and lz4 add a block
-# framing of their own to the codec's, and neither the standard library nor our dependencies
-# read zstd streams on Python 3.11. A file of one is refused when the pipeline is built.
-REFUSED_CODECS = {".snappy": "snappy", ".zst": "zstd", ".lz4": "lz4", ".lzo": "lzo"}
+# framing of their own to the codec's (pyarrow reads neither as a stream). A file of one is
+# refused when the pipeline is built.
+REFUSED_CODECS = {".snappy": "snappy", ".lz4": "lz4", ".lzo": "lzo"}
 SUFFIXES = TEXT_SUFFIXES + tuple(CODECS) + tuple(REFUSED_CODECS)
-_CODEC_NAMES = {"gzip": "gzip", "bz2": "bzip2", "deflate": "deflate (zlib)"}
+_CODEC_NAMES = {"gzip": "gzip", "bz2": "bzip2", "deflate": "deflate (zlib)", "zstd": "zstd"}
 INDEX_VERSION = 4  # 3: blank lines and a header row are not rows; 4: codecs other than gzip
 BAD_LINE_POLICIES = ("error", "skip")
 _BLOCK = 1 << 20
@@ -711,6 +715,13 @@ def data_files(folder: str | Path) -> list[dict[str, Any]]:
 def _refuse_codecs(files: list[dict[str, Any]]) -> None:
     """Refuse, when the pipeline is built, files of a codec this reader does not decode,
     naming them and saying what to do."""
+    zstd = [f for f in files if f["codec"] == "zstd"]
+    if zstd and _pyarrow_zstd() is None:
+        shown = ", ".join(f["name"] for f in zstd[:6]) + (" ..." if len(zstd) > 6 else "")
+        raise ValueError(
+            f"{shown}: compressed with zstd, which is read with pyarrow, not installed: pip "
+            "install 'intune[parquet]' (or pyarrow), or decompress the files (zstd -d)"
+        )
     refused = [f for f in files if f["codec"] in REFUSED_CODECS.values()]
     if not refused:
         return
@@ -719,7 +730,7 @@ def _refuse_codecs(files: list[dict[str, Any]]) -> None:
     shown += f" and {len(refused) - 6} more" if len(refused) > 6 else ""
     raise ValueError(
         f"{shown}: compressed with {' and '.join(codecs)}, which this reader does not decode "
-        "(it reads gzip, bzip2 and deflate): write the text with one of those (Spark: "
+        "(it reads gzip, bzip2, deflate and zstd): write the text with one of those (Spark: "
         ".option('compression', 'gzip'); Hive: SET mapreduce.output.fileoutputformat.compress"
         ".codec=org.apache.hadoop.io.compress.GzipCodec), or decompress the files and give "
         "the folder of those"
@@ -940,6 +951,9 @@ def _inflate(
     where each ends in the file."""
     name = name or str(getattr(handle, "name", "the file"))
     said = _CODEC_NAMES[codec]
+    if codec == "zstd":
+        yield from _unzstd(handle, members, size, name, ends)
+        return
     at_file, at_text = handle.tell(), 0
     inflater = None
     block = b""
@@ -977,6 +991,77 @@ def _inflate(
         raise ValueError(
             f"{name}: the {said} stream ends in the middle of a member (a truncated file?)"
         )
+
+
+def _pyarrow_zstd() -> Any:
+    """pyarrow, when it is installed and reads zstd; else ``None``."""
+    try:
+        import pyarrow
+    except ImportError:
+        return None
+    return pyarrow if pyarrow.Codec.is_available("zstd") else None
+
+
+class _Blocks:
+    """A file read ``size`` bytes at a time whatever its reader asks (pyarrow's zstd stream
+    asks 64 KB at a time: in a store, a GET each)."""
+
+    closed = False
+
+    def __init__(self, handle: Any, size: int) -> None:
+        self.handle, self.size, self.buffer = handle, size, b""
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            data, self.buffer = self.buffer + self.handle.read(), b""
+            return data
+        if len(self.buffer) < n:
+            self.buffer += self.handle.read(max(self.size, n - len(self.buffer)))
+        data, self.buffer = self.buffer[:n], self.buffer[n:]
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _unzstd(
+    handle: Any,
+    members: list[tuple[int, int]] | None,
+    size: int,
+    name: str,
+    ends: list[int] | None,
+) -> Iterator[bytes]:
+    """The text of a zstd file from where ``handle`` stands, read with pyarrow's stream: its
+    frames as one member (pyarrow does not say where a frame ends), read in order."""
+    pa = _pyarrow_zstd()
+    if pa is None:
+        _refuse_codecs([{"name": name, "codec": "zstd"}])
+    at = handle.tell()
+    if members is not None:
+        members.append((at, 0))
+    source = _Blocks(handle, size)
+    stream = pa.CompressedInputStream(pa.PythonFile(source, mode="r"), "zstd")
+    while True:
+        try:
+            text = stream.read(_BLOCK)
+        except (OSError, pa.ArrowException) as exc:
+            truncated = "truncated" in str(exc).lower()
+            raise ValueError(
+                f"{name}: the zstd stream ends in the middle of a frame (a truncated file?)"
+                if truncated
+                else f"{name}: not a valid zstd stream ({exc})"
+            ) from None
+        if not text:
+            break
+        yield text
+    if ends is not None:
+        ends.append(handle.tell())
 
 
 def _decompressor(codec: str, block: bytes) -> Any:

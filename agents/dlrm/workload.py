@@ -88,7 +88,7 @@ def build_pipeline(
     once in ``cache_dir()``. A batch is one chunk of the dataset, so ``batch_size`` must match
     the dataset's ``rows_per_chunk``. A ``data_dir`` without our generator's ``index.json``
     is a folder of Criteo files as they come (``.tsv``, ``.txt``, ``.csv``, ``.gz``, ``.bz2``,
-    ``.deflate``, Spark's ``part-00000``: ``agents.dlrm.raw`` lists them): it is indexed once
+    ``.deflate``, ``.zst``, Spark's ``part-00000``: ``agents.dlrm.raw`` lists them): it is indexed once
     in batches of ``batch_size`` lines (``agents.dlrm.raw``, which says what reading them
     costs), and a malformed line stops the pipeline naming the file and line
     (``bad_lines="error"``) or is skipped and counted (``"skip"``; the count is

@@ -1,6 +1,7 @@
 """Criteo data as Spark's and Hive's jobs leave it: text files with no suffix (``part-00000``,
 ``part-00000-<uuid>-c000``, Hive's ``000000_0``), Parquet with none, tab-separated ``.csv``,
-the codecs they write (``.gz``, ``.bz2``, ``.deflate``; ``.snappy`` and ``.zst`` refused, named),
+the codecs they write (``.gz``, ``.bz2``, ``.deflate``, ``.zst``; ``.snappy`` and ``.lz4``
+refused, named),
 and 64-bit hashes (Spark's ``xxhash64``) in Parquet, read as the same rows from a ``.tsv``, from
 a folder, its ``file://`` URL and ``memory://`` alike (``raw.sniff``, ``formats.layout_of``)."""
 
@@ -13,7 +14,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agents.dlrm import formats, raw
@@ -82,7 +83,15 @@ _FORMS = {
     ),
     "deflate": (lambda i: f"{i:06d}_0.deflate", zlib.compress),
     "raw-deflate": (lambda i: f"part-{i:05d}.deflate", lambda t: _raw_deflate(t)),
+    "txt.zst": (
+        lambda i: f"part-{i:05d}-{_ID}-c000.txt.zst",
+        lambda t: _zstd(t[:99]) + _zstd(t[99:]),
+    ),
 }
+
+
+def _zstd(text: bytes) -> bytes:
+    return pa.Codec("zstd").compress(text, asbytes=True)
 
 
 def _raw_deflate(text: bytes) -> bytes:
@@ -98,6 +107,12 @@ def _raw_deflate(text: bytes) -> bytes:
     sizes=st.lists(st.integers(1, 9), min_size=4, max_size=4),
     sub_folders=st.booleans(),
 )
+# Every form at least once, whatever hypothesis draws.
+@example(forms=["txt.zst", "bz2-streams", "raw-deflate", "gzip-unnamed"], sizes=[9, 5, 1, 3],
+         sub_folders=False)  # fmt: skip
+@example(forms=["hive-header", "csv.gz", "deflate", "dataframe"], sizes=[2, 9, 4, 6],
+         sub_folders=True)  # fmt: skip
+@example(forms=["rdd", "hive", "csv", "txt.bz2"], sizes=[1, 2, 3, 4], sub_folders=False)
 def test_sparks_and_hives_text_parts_read_as_the_same_rows_from_a_tsv(
     tmp_path_factory, forms, sizes, sub_folders
 ):
@@ -188,13 +203,31 @@ def test_a_comma_separated_csv_is_refused_at_its_first_line(tmp_path):
         _rows(tmp_path, batch_size=4)
 
 
-@pytest.mark.parametrize("suffix", [".snappy", ".txt.zst", ".lz4"])
+@pytest.mark.parametrize("suffix", [".snappy", ".txt.lz4"])
 def test_a_codec_not_read_is_refused_when_built_naming_the_file_and_what_to_do(tmp_path, suffix):
     # Before: not seen; a folder of them "holds no Criteo files".
     (tmp_path / f"part-00000{suffix}").write_bytes(b"\xff\x06\x00\x00sNaPpY" + bytes(40))
     (tmp_path / "part-00001.gz").write_bytes(gzip.compress(tsv_text(criteo_rows(3, 1))))
     with pytest.raises(ValueError, match=rf"^part-00000{suffix}: compressed with \w+, which this "
                        r"reader does not decode .*\.option\('compression', 'gzip'\)"):  # fmt: skip
+        build_pipeline(tmp_path, batch_size=4)
+
+
+def test_zstd_without_pyarrow_is_refused_saying_what_to_install(tmp_path, monkeypatch):
+    (tmp_path / "part-00000.zst").write_bytes(_zstd(tsv_text(criteo_rows(3, 1))))
+    monkeypatch.setattr(raw, "_pyarrow_zstd", lambda: None)
+    with pytest.raises(ValueError, match=r"^part-00000.zst: compressed with zstd, .*pip install"):
+        build_pipeline(tmp_path, batch_size=4)
+
+
+def test_a_truncated_bz2_or_zstd_file_is_named(tmp_path):
+    text = tsv_text(criteo_rows(40, 1))
+    (tmp_path / "part-00000.bz2").write_bytes(bz2.compress(text)[:-30])
+    with pytest.raises(ValueError, match=r"part-00000.bz2: the bzip2 stream ends in the middle"):
+        build_pipeline(tmp_path, batch_size=4)
+    (tmp_path / "part-00000.bz2").unlink()
+    (tmp_path / "part-00000.zst").write_bytes(_zstd(text)[:-30])
+    with pytest.raises(ValueError, match=r"part-00000.zst: the zstd stream ends in the middle"):
         build_pipeline(tmp_path, batch_size=4)
 
 
