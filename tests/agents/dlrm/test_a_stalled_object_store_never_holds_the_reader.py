@@ -171,3 +171,31 @@ def test_a_store_that_trickles_its_answer_is_cut_at_the_request_deadline():
     assert outcome["seconds"] < WITHIN_S, outcome
     assert "could not read bytes 0-4096 of s3://trickle/days/day_0.tsv" in str(outcome["error"])
     assert "no answer within 1.5 s" in str(outcome["error"])
+
+
+def test_a_file_with_no_suffix_is_looked_at_in_one_bounded_get(store, monkeypatch):
+    # Spark's part-00000 is read by its first bytes: one ranged GET, cut at its bounds.
+    proxy, options = store
+    fs = raw.filesystem("s3://", options, TIMEOUTS)
+    text = fs.cat_file(f"{BUCKET}/days/day_0.tsv") * 4  # 42 kB: more than is looked at
+    fs.pipe_file(f"{BUCKET}/spark/part-00000", text)
+    fs.pipe_file(f"{BUCKET}/spark/_SUCCESS", b"")
+    url = f"s3://{BUCKET}/spark"
+    gets = []
+    bounded = raw._bounded
+    monkeypatch.setattr(raw, "_bounded", lambda fs, url, what, call, *args, **kwargs: (
+        gets.append((call, url, kwargs.get("start"), kwargs.get("end"))) or
+        bounded(fs, url, what, call, *args, **kwargs)))  # fmt: skip
+    listed = raw.list_tree(url, options, TIMEOUTS, data=lambda entry: True)
+    assert [(f["name"], f.get("content")) for f in listed] == [("part-00000", "text")]
+    looked = [g for g in gets if g[0] == "cat_file"]
+    assert looked == [("cat_file", f"{url}/part-00000", 0, raw.SNIFF_BYTES)]
+    assert len(text) > raw.SNIFF_BYTES
+
+    proxy.stall()
+    entry = {**listed[0], "etag": "another"}  # not the one looked at already
+    del entry["content"]
+    outcome = _bounded_call(lambda: raw.sniff([entry], options, TIMEOUTS))
+    assert isinstance(outcome.get("error"), raw.StoreError), outcome
+    assert outcome["seconds"] < WITHIN_S, outcome
+    assert f"could not read the first bytes of {url}/part-00000" in str(outcome["error"])
