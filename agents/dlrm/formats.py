@@ -217,7 +217,8 @@ def detect_layout(
     store_timeouts: raw.StoreTimeouts | None = None,
 ) -> str:
     """The layout of the data at ``location``: ``raw``, ``npy`` or ``parquet``, found from the
-    file names (``data_format="auto"``) or as forced. A folder of two layouts (under
+    file names, and the first bytes of those with no suffix (``data_format="auto"``), or as
+    forced. A folder of two layouts (under
     ``auto``), or with no file of the layout, is refused naming the files it holds."""
     if data_format not in FORMATS:
         raise ValueError(f"data format {data_format!r}: use one of {', '.join(FORMATS)}")

@@ -1,11 +1,10 @@
 """Criteo files as they come: a folder of ``.tsv``, ``.txt`` or ``.csv`` (tab-separated: Spark's
 CSV writer with ``sep='\t'``), plain or compressed as Spark, Hadoop and Hive write them (``.gz``,
 ``.bz2``, ``.deflate``, ``.zst``: ``.tsv.gz``, ``part-...-c000.csv.bz2``, Hive's
-``000000_0.deflate``), or
-files with no suffix (Spark's ``part-00000`` and ``part-00000-<uuid>-c000``, Hive's
-``000000_0``) whose first bytes are Criteo text or gzip (``sniff``: one small read of each,
-one GET in a store; files with a name are not read to list them); its sub-folders too
-(``list_tree``). ``.snappy``, ``.lz4`` and ``.lzo`` files are refused when the pipeline is
+``000000_0.deflate``), or files with no suffix (Spark's ``part-00000`` and
+``part-00000-<uuid>-c000``, Hive's ``000000_0``) whose first bytes are Criteo text or gzip
+(``sniff``: one small read of each, one GET in a store; files with a name are not read to list
+them); its sub-folders too (``list_tree``). ``.snappy``, ``.lz4`` and ``.lzo`` files are refused when the pipeline is
 built, naming them and what to do (Hadoop frames snappy and lz4 its own way, which nothing
 installed reads), and so is ``.zst`` without pyarrow (the standard library reads zstd from
 Python 3.14 only). A comma-separated ``.csv`` is refused at its first line.
