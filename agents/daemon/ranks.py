@@ -31,6 +31,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,12 +85,42 @@ def default_address(url: str, host_id: int) -> str:
     return f"\0intune-agent-{os.getuid()}-{key}"
 
 
+# The ranks' sockets of this process (the host agent's listener and connections, a rank's
+# connection), closed in every process it forks. A fork keeps every descriptor open: a
+# loader's worker launcher, a torch DataLoader worker, any child the script forks after the
+# agent started held the listener, so the abstract name stayed bound after the hub stopped
+# (its rank, still alive, got EADDRINUSE and a refused connect, and so did every other rank:
+# nobody hosted the agent while that child lived, for the whole job with persistent workers),
+# and held the ranks' connections open after the hosting rank died.
+_RANK_SOCKETS: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+
+def _ranks_socket(sock: socket.socket) -> socket.socket:
+    """Note ``sock`` as one of the ranks' sockets (closed in a fork of this process)."""
+    _RANK_SOCKETS.add(sock)
+    return sock
+
+
+def _close_rank_sockets_in_child() -> None:
+    """In a process just forked: close its copies of the ranks' sockets (the parent's stay
+    open; ``detach`` first, so that the copied objects never close a reused descriptor)."""
+    for sock in list(_RANK_SOCKETS):
+        with contextlib.suppress(OSError):
+            fd = sock.detach()
+            if fd >= 0:
+                os.close(fd)
+    _RANK_SOCKETS.clear()
+
+
+os.register_at_fork(after_in_child=_close_rank_sockets_in_child)
+
+
 def bind_listener(address: str) -> socket.socket | None:
     """Bind and listen on ``address``; ``None`` when another process holds it already.
 
     A path left behind by a dead owner (nobody accepts on it) is removed and bound again.
     """
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = _ranks_socket(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
     try:
         listener.bind(address)
     except OSError as exc:
@@ -107,7 +138,7 @@ def bind_listener(address: str) -> socket.socket | None:
 
 def bind_listener_once(address: str) -> socket.socket | None:
     """One more bind after a stale path was removed (another rank may have won the race)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = _ranks_socket(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
     try:
         listener.bind(address)
     except OSError:
@@ -702,6 +733,7 @@ class HostPipelines:
         while not self._stop.is_set():
             try:
                 conn, _ = self.listener.accept()
+                _ranks_socket(conn)
             except TimeoutError:
                 continue
             except OSError:
@@ -1024,7 +1056,7 @@ class RankLink:
         return self.hosted is not None
 
     def _connect(self) -> socket.socket | None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _ranks_socket(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
         sock.settimeout(2.0)
         try:
             sock.connect(self.address)
