@@ -192,3 +192,18 @@ def test_a_wait_that_is_not_a_plain_number_is_refused(plane, wait):
         wire.send(request("GET", path, plane.host, plane.agent_headers()))
         status, content = answer_json(wire)
     assert status == 400 and content["detail"].startswith("wait: must be a number"), content
+
+
+def test_a_trailer_too_large_after_an_early_refusal_closes_without_a_second_answer(plane):
+    """A chunked body over the limit is answered 413 as soon as it passes it, and the rest is
+    read and discarded; a trailer then past the head's bounds ends the connection. It must not
+    add a 431 of its own: the client would read two answers to one request."""
+    over = b"x" * (1024 * 1024 + 4096)
+    data = chunked_head(plane, plane.metrics_path()) + chunks(over, [65536], [b""])
+    with Wire(plane.url) as wire:
+        wire.send(data + b"X-T: " + b"a" * 100_000)
+        first = wire.answer(timeout=ANSWER_S, method="POST")
+        assert first is not None and first.status == 413, first
+        wire.send(b"a" * 100_000)
+        assert wire.closed_within(ANSWER_S)
+        assert wire.buffer == b"", f"a second answer to one request: {wire.buffer[:100]!r}"

@@ -403,6 +403,15 @@ class BoundedHttpTools(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self.logger.warning("refused a request from %s: %s", self.client, reason)
+        cycle = self._message_cycle if self._in_message else None
+        if cycle is not None and cycle.response_started:
+            # Answered already (a chunked body refused 413 as it passed the limit, its rest
+            # read and discarded) when its trailer passed the bounds: a 431 now would be a
+            # second answer to one request. The connection ends instead.
+            self._cancel_request_timer()
+            self.transport.close()
+            self._watch_writes()
+            return
         self._send_refusal(431, reason)
 
     def _send_refusal(self, status: int, reason: str) -> None:
