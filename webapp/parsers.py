@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 
 from django.conf import settings
 from rest_framework.exceptions import ParseError
@@ -89,6 +90,13 @@ class SafeJSONParser(JSONParser):
         except RecursionError as exc:
             raise ParseError("JSON parse error - the body is nested too deeply") from exc
         except ValueError as exc:
+            if "int_max_str_digits" in str(exc):
+                # Python's words ("use sys.set_int_max_str_digits() to increase the limit")
+                # are advice to the server's developer, not to the client that sent it.
+                raise ParseError(
+                    f"JSON parse error - an integer has more than {sys.get_int_max_str_digits()} "
+                    "digits: no field takes one that long"
+                ) from exc
             raise ParseError(f"JSON parse error - {exc}") from exc
         if _SURROGATE_ESCAPE.search(text):
             found = lone_surrogate(data)

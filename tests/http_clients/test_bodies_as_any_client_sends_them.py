@@ -207,3 +207,14 @@ def test_a_trailer_too_large_after_an_early_refusal_closes_without_a_second_answ
         wire.send(b"a" * 100_000)
         assert wire.closed_within(ANSWER_S)
         assert wire.buffer == b"", f"a second answer to one request: {wire.buffer[:100]!r}"
+
+
+def test_an_integer_of_thousands_of_digits_is_refused_in_the_clients_words(plane):
+    """Python refuses to read an integer of more than 4,300 digits, and its message told the
+    client to call ``sys.set_int_max_str_digits()``."""
+    body = batch().replace(b'"seq": ', b'"seq": ' + b"9" * 5000 + b', "x": ', 1)
+    with Wire(plane.url) as wire:
+        wire.send(request("POST", plane.metrics_path(), plane.host, plane.agent_headers(), body))
+        status, content = answer_json(wire)
+    assert status == 400 and "more than 4300 digits" in content["detail"], content
+    assert "sys." not in content["detail"]
