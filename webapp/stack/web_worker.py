@@ -28,6 +28,8 @@ It also makes uvicorn's connection handling hold for clients other than ours (do
 - HTTP/2: a client that opens with its preface (prior knowledge) is answered GOAWAY
   HTTP_1_1_REQUIRED in HTTP/2; a request asking to upgrade (h2c) is served as HTTP/1.1, its
   body included (httptools skipped it).
+- A chunked body's trailer fields are dropped (uvicorn appended them to the request's headers)
+  and bounded as a head is (tests/http_clients/test_bodies_as_any_client_sends_them.py).
 """
 
 from __future__ import annotations
