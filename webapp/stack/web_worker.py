@@ -28,6 +28,8 @@ It also makes uvicorn's connection handling hold for clients other than ours (do
 - HTTP/2: a client that opens with its preface (prior knowledge) is answered GOAWAY
   HTTP_1_1_REQUIRED in HTTP/2; a request asking to upgrade (h2c) is served as HTTP/1.1, its
   body included (httptools skipped it).
+- A chunked body's trailer fields are dropped (uvicorn appended them to the request's headers)
+  and bounded as a head is (tests/http_clients/test_bodies_as_any_client_sends_them.py).
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._half_closed = False
         self._fresh = True  # nothing received yet
         self._speaks_h2 = False  # an HTTP/2 client, answered GOAWAY; its bytes are discarded
+        self._after_chunk_size = False  # a chunk's size line read, none of its data yet
+        self._trailer_fields = 0
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -180,6 +184,7 @@ class BoundedHttpTools(HttpToolsProtocol):
             return  # the 431 is written; the connection is closing
         data = self._ignoring_upgrade(data)
         in_head, heads_begun = self._in_head, self._heads_begun
+        in_trailer = self._in_message and self._after_chunk_size
         super().data_received(data)
         if self._in_message and self._request_timer is None and not self.transport.is_closing():
             # A request that did not arrive whole in one read: from now it has the request
@@ -195,6 +200,20 @@ class BoundedHttpTools(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._refused = f"the request's head is over {self.max_head_bytes} bytes"
+        elif (
+            self._refused is None
+            and in_trailer
+            and self._in_message
+            and self._after_chunk_size
+            and heads_begun == self._heads_begun
+        ):
+            # A chunk that was all trailer (after a chunked body's last chunk), or all of one
+            # chunk's size line: counted as a head's bytes are. httptools gathers a field's
+            # value whole before it calls on_header, so a trailer field that never ended grew
+            # the process by all the client sent until the request timeout, at full speed.
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._refused = f"the request's trailer is over {self.max_head_bytes} bytes"
         if self._refused is not None:
             self._send_431(self._refused)
 
@@ -218,6 +237,7 @@ class BoundedHttpTools(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._head_bytes = True, 0
+        self._after_chunk_size, self._trailer_fields = False, 0
         self._heads_begun += 1
         self._in_message, self._message_cycle = True, None
 
@@ -228,6 +248,16 @@ class BoundedHttpTools(HttpToolsProtocol):
             value = value.rstrip(b" \t")  # llhttp keeps a value's trailing whitespace
         if len(name) + len(value) > self.max_field_bytes:
             self._refused = f"a header field is over {self.max_field_bytes} bytes"
+        elif not self._in_head:
+            # A trailer field (after a chunked body): read and dropped. uvicorn appended it to
+            # the request's headers, the list its scope holds, where the application read it
+            # as a header once the body was read: a trailer "Authorization" joined the head's
+            # (a 401), and one could stand in for a field a proxy had checked in the head.
+            # RFC 9110 6.5.1: a trailer field is not merged into the header section unless
+            # its definition allows it, and none the control plane reads does.
+            self._trailer_fields += 1
+            if self._trailer_fields > self.max_fields:
+                self._refused = f"the request has more than {self.max_fields} trailer fields"
         elif len(self.headers) >= self.max_fields:
             self._refused = f"the request has more than {self.max_fields} header fields"
         else:
@@ -255,7 +285,15 @@ class BoundedHttpTools(HttpToolsProtocol):
                 # An HTTP/1.0 client does not know 100 Continue (RFC 9110 10.1.1).
                 self.cycle.waiting_for_100_continue = False
 
+    def on_chunk_header(self) -> None:
+        self._after_chunk_size = True  # a chunk's size line, or the last one's: trailers next
+        self._head_bytes = 0
+
+    def on_chunk_complete(self) -> None:
+        self._after_chunk_size = False
+
     def on_body(self, body: bytes) -> None:
+        self._after_chunk_size = False
         if self._refused is None:
             super().on_body(body)
 
@@ -367,6 +405,15 @@ class BoundedHttpTools(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self.logger.warning("refused a request from %s: %s", self.client, reason)
+        cycle = self._message_cycle if self._in_message else None
+        if cycle is not None and cycle.response_started:
+            # Answered already (a chunked body refused 413 as it passed the limit, its rest
+            # read and discarded) when its trailer passed the bounds: a 431 now would be a
+            # second answer to one request. The connection ends instead.
+            self._cancel_request_timer()
+            self.transport.close()
+            self._watch_writes()
+            return
         self._send_refusal(431, reason)
 
     def _send_refusal(self, status: int, reason: str) -> None:

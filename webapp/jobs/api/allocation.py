@@ -120,13 +120,18 @@ def _int_param(raw: str | None, name: str, default: int, low: int, high: int) ->
     return int(raw)
 
 
+# A number as JSON writes one, in ASCII digits (a leading "-" for "-0"). float() also takes
+# "1_0" (10), " 5", "５" (a fullwidth digit) and "٣" (an Arabic-Indic one), which a client
+# sends only by mistake, and "nan" and "inf", which the range check below refuses as numbers.
+_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _float_param(raw: str | None, name: str, default: float, low: float, high: float) -> float:
     if raw is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ValidationError({name: f"must be a number of seconds, got {raw!r}"}) from exc
+    if _NUMBER.fullmatch(raw) is None:
+        raise ValidationError({name: f"must be a number of seconds, got {raw!r}"})
+    value = float(raw)
     if not low <= value <= high:
         raise ValidationError({name: f"must be between {low:g} and {high:g} seconds, got {raw}"})
     return value
