@@ -4,7 +4,7 @@
 // 24 h range costs one large query and then small ones; Plotly's uirevision keeps the zoom.
 (function () {
   "use strict";
-  const { api, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, config, PALETTE } = window.InTune;
+  const { api, all, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, config, PALETTE } = window.InTune;
   const settings = config();
   const job = settings.job;
   const stageNames = settings.stages;
@@ -590,7 +590,7 @@
     if (slow) {
       requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
     }
-    const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await Promise.all(requests);
+    const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await all(requests);
     if (hostId !== state.hostId) return; // the person picked another host meanwhile
     state.metrics = metrics;
     state.overview = overview;

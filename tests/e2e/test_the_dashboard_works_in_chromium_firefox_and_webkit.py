@@ -734,3 +734,79 @@ def test_a_host_with_two_ranks_shows_each_rank_and_highlights_the_slowest(page, 
     )
     shoot(page, "ranks-laptop")
     assert page.console_errors() == []
+
+
+# The control plane as a page sees it while it restarts behind a proxy: the host's metrics hang
+# (accepted, never answered) and every other request fails at once with 503. In-page, over the
+# page's own fetch, so that a request answers the instant the page asks; a hung request ends only
+# when the page aborts it, as a real one does. window.away counts the requests in flight.
+CONTROL_PLANE_AWAY = """(() => {
+  const real = window.fetch;
+  const away = window.away = { real, on: true, inFlight: 0, most: 0, metrics: 0 };
+  window.fetch = (url, options = {}) => {
+    if (!away.on) return real(url, options);
+    away.inFlight += 1;
+    away.most = Math.max(away.most, away.inFlight);
+    const done = () => { away.inFlight -= 1; };
+    if (String(url).includes('/metrics/')) {
+      away.metrics += 1;
+      return new Promise((_, reject) => {
+        if (options.signal) options.signal.addEventListener('abort', () => {
+          done(); reject(new DOMException('The operation was aborted.', 'AbortError'));
+        });
+      });
+    }
+    return new Promise((resolve) => setTimeout(() => {
+      done();
+      resolve(new Response('{"detail": "control plane restarting"}',
+        { status: 503, headers: { 'Content-Type': 'application/json' } }));
+    }, 20));
+  };
+  return true;
+})()"""
+REQUESTS_PER_REFRESH = (
+    8  # the job page's most: metrics, overview, allocations, hosts, alerts, 3 slow
+)
+AWAY_S = 3.0
+
+
+@chromium_only
+def test_a_control_plane_that_hangs_or_fails_is_retried_with_backoff_and_the_page_resumes(
+    page, plane
+):
+    """An operator's wall screen stays open through restarts and network drops. A refresh that
+    failed fast on one request while another hung used to start the next one over it every
+    period (Promise.all rejects at the first failure), so requests in flight grew without bound,
+    a hung request had no deadline, and a failing page retried every second for hours."""
+    open_job(page, plane)
+    timeout = page.evaluate("window.InTune.requestTimeoutMs || 20000")
+    with short_refresh_period(page):
+        page.evaluate("(() => { window.InTune.requestTimeoutMs = 500; return true; })()")
+        page.evaluate(CONTROL_PLANE_AWAY)
+        time.sleep(AWAY_S)
+        away = page.evaluate("window.away")
+        status = page.evaluate("document.querySelector('[data-live-status]').textContent")
+        failing = page.evaluate(
+            "document.querySelector('[data-live]').classList.contains('failing')"
+        )
+        assert away["most"] <= REQUESTS_PER_REFRESH, (
+            f"{away['most']} requests in flight at once: refreshes piled up on the hung one"
+        )
+        # 250 ms period, 500 ms deadline, then 0.5, 1 and 2 s of backoff: at most 4 in 3 s
+        # (without backoff or deadline, one every period: 12).
+        assert away["metrics"] <= 4, f"{away['metrics']} refreshes in {AWAY_S} s: no backoff"
+        assert failing and status.startswith("Refresh failed since"), status
+        assert "retrying in" in status, status
+
+        page.evaluate("(() => { window.away.on = false; window.dispatchEvent(new Event('online'));"
+                      " return true; })()")  # fmt: skip
+        wait_for_refreshes(page, 1, timeout=10)
+        page.wait_for(
+            "document.querySelector('[data-live-status]').textContent.startsWith('Live')",
+            5,
+            what="the page saying it is live again",
+        )
+    assert len(page.console_errors()) <= 1, page.console_errors()  # one line, not one a refresh
+    page.evaluate(f"(() => {{ window.fetch = window.away.real;"
+                  f" window.InTune.requestTimeoutMs = {int(timeout)}; return true; }})()")  # fmt: skip
+    open_job(page, plane, fresh=True)  # the next test starts from a page without these errors
