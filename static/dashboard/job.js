@@ -588,7 +588,7 @@
       api(`/dashboard/api/jobs/${job.id}/alerts/`),
     ];
     if (slow) {
-      requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
+      requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/?host=${hostId}`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
     }
     const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await all(requests);
     if (hostId !== state.hostId) return; // the person picked another host meanwhile
