@@ -259,15 +259,47 @@
     }
   }
 
+  // The most alerts listed one by one; the rest are counted by kind in a summary that opens onto
+  // them. A rack of 500 hosts falling silent listed 500 alerts, 22,000 px above the charts, and
+  // replaced them all in an aria-live region every second.
+  const ALERTS_SHOWN = 5;
+  const ALERT_KINDS = { silent: "agent silent", throughput_drop: "throughput fell", idle_high: "waiting for input" };
+
+  function alertItem(a) {
+    const item = document.createElement("div");
+    item.className = `alert ${a.severity}`;
+    item.dataset.kind = a.kind;
+    item.textContent = a.message;
+    return item;
+  }
+
   function renderAlerts(container, alerts) {
     if (!container) return;
-    container.replaceChildren(...alerts.map((a) => {
-      const item = document.createElement("div");
-      item.className = `alert ${a.severity}`;
-      item.dataset.kind = a.kind;
-      item.textContent = a.message;
-      return item;
-    }));
+    container.alerts = alerts;
+    // Unchanged alerts are left alone: a live region announces again whatever is replaced.
+    const key = JSON.stringify(alerts.map((a) => a.message));
+    const wasOpen = !!(container.querySelector("details") || {}).open;
+    if (container.dataset.key === key && container.dataset.open === String(wasOpen)) return;
+    container.dataset.key = key;
+    container.dataset.open = String(wasOpen);
+    const items = alerts.slice(0, ALERTS_SHOWN).map(alertItem);
+    const rest = alerts.slice(ALERTS_SHOWN);
+    if (rest.length) {
+      const counts = {};
+      for (const a of rest) counts[a.kind] = (counts[a.kind] || 0) + 1;
+      const more = document.createElement("details");
+      more.className = "alert-more";
+      more.open = wasOpen;
+      const summary = document.createElement("summary");
+      summary.textContent = `${rest.length} more alert${rest.length === 1 ? "" : "s"}: `
+        + Object.entries(counts).map(([kind, n]) => `${n} ${ALERT_KINDS[kind] || kind}`).join(", ");
+      more.append(summary);
+      // Listed only while open: closed, the page holds five alerts, not five hundred.
+      if (wasOpen) more.append(...rest.map(alertItem));
+      more.addEventListener("toggle", () => renderAlerts(container, container.alerts));
+      items.push(more);
+    }
+    container.replaceChildren(...items);
   }
 
   function escapeHtml(s) {
