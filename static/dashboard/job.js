@@ -397,9 +397,14 @@
     return Object.entries(details).map(([k, v]) => `${k}: ${typeof v === "object" && v !== null ? (k === "workers" ? fmt.workers(v) : JSON.stringify(v)) : v}`).join("; ");
   }
 
+  // The table's rows by host id, found once: a selector per host per refresh searched the whole
+  // document 500 times a second on a job of 500 hosts.
+  let hostRows = null;
+
   function renderHostsTable(hosts) {
+    if (!hostRows) hostRows = new Map([...document.querySelectorAll("#hosts-table tr[data-host-id]")].map((r) => [Number(r.dataset.hostId), r]));
     for (const h of hosts) {
-      const row = document.querySelector(`#hosts-table tr[data-host-id="${h.id}"]`);
+      const row = hostRows.get(h.id);
       if (!row) continue;
       row.classList.toggle("selected", h.id === state.hostId);
       const cls = { online: "ok", offline: "bad", new: "muted" }[h.state] || "muted";

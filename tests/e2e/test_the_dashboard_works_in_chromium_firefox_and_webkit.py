@@ -846,3 +846,29 @@ def test_hundreds_of_alerts_are_counted_under_the_first_five_not_listed_above_th
     assert closed["summary"] == "495 more alerts: 485 agent silent, 10 waiting for input"
     assert figures["opened"] == 500, "opened, the summary lists every alert"
     assert page.console_errors() == []
+
+
+# The job's host table as a job of 500 hosts fills it: its first row cloned until it has 500.
+FIVE_HUNDRED_HOSTS = """(() => {
+  const body = document.querySelector('#hosts-table tbody');
+  const first = body.rows[0];
+  const added = [];
+  while (body.rows.length < 500) { const row = first.cloneNode(true); row.dataset.clone = '1'; body.append(row); added.push(row); }
+  const figures = {table: body.closest('section').getBoundingClientRect().height,
+    charts: document.getElementById('host-panel').getBoundingClientRect().top + window.scrollY,
+    viewport: window.innerHeight};
+  added.forEach((row) => row.remove());
+  return figures;
+})()"""
+
+
+@chromium_only
+def test_the_host_table_of_a_large_job_scrolls_in_its_card_and_leaves_the_charts_on_screen(
+    page, plane
+):
+    """On a job of 500 hosts the table of hosts pushed the chosen host's charts 27,000 px down
+    the page; on a wall screen they must be on the first screen."""
+    open_job(page, plane)
+    figures = page.evaluate(FIVE_HUNDRED_HOSTS)
+    assert figures["table"] < figures["viewport"] / 2, figures
+    assert figures["charts"] < figures["viewport"], figures
