@@ -68,14 +68,22 @@
     return results.map((r) => r.value);
   }
 
+  // Numbers in the browser's locale, as the dates are: rates were grouped en-US ("1,027
+  // samples/s") next to German dates, and a German reader takes 1,027 for one and a bit.
+  const number = (v, digits) => Number(v).toLocaleString(undefined, { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  // The same marks for Plotly's ticks and hovers: decimal mark, then thousands separator.
+  const parts = new Intl.NumberFormat().formatToParts(12345.6);
+  const SEPARATORS = ((parts.find((p) => p.type === "decimal") || {}).value || ".")
+    + ((parts.find((p) => p.type === "group") || {}).value || ",");
+
   const fmt = {
     rate(v) {
       if (v === null || v === undefined || Number.isNaN(v)) return "–";
-      if (Math.abs(v) >= 1e6) return `${(v / 1e6).toFixed(2)} M samples/s`;
-      return `${v.toLocaleString("en-US", { maximumFractionDigits: v < 10 ? 1 : 0 })} samples/s`;
+      if (Math.abs(v) >= 1e6) return `${number(v / 1e6, 2)} M samples/s`;
+      return `${Number(v).toLocaleString(undefined, { maximumFractionDigits: v < 10 ? 1 : 0 })} samples/s`;
     },
-    pct(v) { return v === null || v === undefined ? "–" : `${(v * 100).toFixed(1)} %`; },
-    num(v, digits = 2) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); },
+    pct(v) { return v === null || v === undefined ? "–" : `${number(v * 100, 1)} %`; },
+    num(v, digits = 2) { return v === null || v === undefined ? "–" : number(v, digits); },
     time(ts) { return ts ? new Date(ts * 1000).toLocaleTimeString([], { hour12: false }) : "–"; },
     dateTime(value) {
       if (!value) return "–";
@@ -100,6 +108,7 @@
       legend: { orientation: "h", x: 0, y: -0.3, yanchor: "top" },
       colorway: PALETTE,
       hovermode: "x unified",
+      separators: SEPARATORS,
       uirevision,
       paper_bgcolor: "#ffffff",
       plot_bgcolor: "#ffffff",

@@ -872,3 +872,39 @@ def test_the_host_table_of_a_large_job_scrolls_in_its_card_and_leaves_the_charts
     figures = page.evaluate(FIVE_HUNDRED_HOSTS)
     assert figures["table"] < figures["viewport"] / 2, figures
     assert figures["charts"] < figures["viewport"], figures
+
+
+@chromium_only
+def test_a_person_in_germany_on_india_time_reads_numbers_and_times_in_their_own_terms(page, plane):
+    """Dates were in the browser's locale and rates in en-US: "1,027 samples/s" beside
+    "29. Nov., 13:00", which a German reader takes for one sample a second and a bit."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    person = page.another_person(*LAPTOP, locale="de-DE", timezone_id="Asia/Kolkata")
+    try:
+        # The formats are the dashboard's script's: loaded into the login page, no login needed.
+        person.goto(f"{plane['url']}/accounts/login/")
+        person.evaluate(
+            "(() => { const s = document.createElement('script');"
+            " s.src = '/static/dashboard/common.js'; document.head.append(s); return true; })()"
+        )
+        person.wait_for("!!window.InTune", what="the dashboard's script")
+        shown = person.evaluate(
+            "({rate: InTune.fmt.rate(1027), big: InTune.fmt.rate(2345678), pct: InTune.fmt.pct(0.3),"
+            " num: InTune.fmt.num(-0.0571, 3), separators: InTune.layout('t').separators,"
+            " time: InTune.fmt.time(Date.UTC(2026, 10, 29, 7, 30) / 1000)})"
+        )
+        assert shown == {
+            "rate": "1.027 samples/s",
+            "big": "2,35 M samples/s",
+            "pct": "30,0 %",
+            "num": "-0,057",
+            "separators": ",.",
+            "time": datetime(2026, 11, 29, 7, 30, tzinfo=ZoneInfo("UTC"))
+            .astimezone(ZoneInfo("Asia/Kolkata"))
+            .strftime("%H:%M:%S"),
+        }, shown
+        assert person.console_errors() == []
+    finally:
+        person.close()
