@@ -216,6 +216,7 @@
       this.timer = null;
       this.failures = 0;
       this.failingSince = null;
+      this.again = false;
       this.root = document.querySelector("[data-live]");
       this.status = this.root && this.root.querySelector("[data-live-status]");
       this.toggle = this.root && this.root.querySelector("[data-live-toggle]");
@@ -240,7 +241,10 @@
       return Math.min(Math.max(this.maxBackoffMs, this.periodMs), this.periodMs * 2 ** this.failures);
     }
     async now() {
-      if (this.running) return;
+      // Asked while a refresh runs (the browser back online, a form sent), one more runs as soon
+      // as it ends: never two at once, and never more than one waiting.
+      if (this.running) { this.again = true; return; }
+      this.again = false;
       clearTimeout(this.timer);
       this.running = true;
       try {
@@ -263,7 +267,7 @@
       } finally {
         this.running = false;
         // A hidden page schedules nothing: visibilitychange starts it again when it is shown.
-        if (!this.paused) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.delayMs());
+        if (!this.paused) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.again ? 0 : this.delayMs());
       }
     }
   }

@@ -96,6 +96,11 @@ class ChromiumDriver(Driver):
     def console_errors(self):
         return list(self._errors)
 
+    def clear_console_errors(self) -> None:
+        """Forget the errors so far: a test that made the page fail on purpose, and checked them,
+        leaves the page to the next test without them."""
+        self._errors.clear()
+
     def screenshot(self, path: Path) -> None:
         """Save the whole page, not only the viewport, as a PNG at ``path``."""
         self._page.screenshot(path=str(path), full_page=True)
