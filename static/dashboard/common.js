@@ -24,32 +24,66 @@
   }
 
   // fetch with the session cookie and CSRF token; JSON in and out; errors carry the API's detail.
+  // Every request has a deadline (InTune.requestTimeoutMs): a control plane that accepts the
+  // connection and never answers, or a network that drops the packets, would otherwise hold the
+  // live refresh, waiting for it, for good while the page went on showing "Live".
   async function api(url, { method = "GET", body } = {}) {
     const headers = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
-    const response = await fetch(url, {
-      method, headers, credentials: "same-origin",
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    if (response.status === 204) return null;
-    let payload = null;
-    try { payload = await response.json(); } catch (_) { /* an HTML error page */ }
-    if (!response.ok) {
-      const detail = (payload && payload.detail) || `${method} ${url} answered ${response.status}`;
-      throw new ApiError(response.status, detail);
+    const timeoutMs = window.InTune.requestTimeoutMs;
+    const deadline = new AbortController();
+    const timer = setTimeout(() => deadline.abort(), timeoutMs);
+    try {
+      const response = await fetch(url, {
+        method, headers, credentials: "same-origin", signal: deadline.signal,
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      if (response.status === 204) return null;
+      let payload = null;
+      try { payload = await response.json(); } catch (_) { /* an HTML error page, or the deadline */ }
+      if (deadline.signal.aborted) throw new ApiError(0, `${method} ${url} had no answer within ${timeoutMs / 1000} s`);
+      if (!response.ok) {
+        const detail = (payload && payload.detail) || `${method} ${url} answered ${response.status}`;
+        throw new ApiError(response.status, detail);
+      }
+      return payload;
+    } catch (error) {
+      if (deadline.signal.aborted && !(error instanceof ApiError)) {
+        throw new ApiError(0, `${method} ${url} had no answer within ${timeoutMs / 1000} s`);
+      }
+      throw error;
+    } finally {
+      clearTimeout(timer);
     }
-    return payload;
   }
+
+  // Promise.all that waits for every request to end before it fails: Promise.all rejects at the
+  // first failure and leaves the others in flight, so a page whose one endpoint failed fast while
+  // another was slow started its next refresh over the requests still out, and piled them up.
+  async function all(requests) {
+    const results = await Promise.allSettled(requests);
+    const failed = results.find((r) => r.status === "rejected");
+    if (failed) throw failed.reason;
+    return results.map((r) => r.value);
+  }
+
+  // Numbers in the browser's locale, as the dates are: rates were grouped en-US ("1,027
+  // samples/s") next to German dates, and a German reader takes 1,027 for one and a bit.
+  const number = (v, digits) => Number(v).toLocaleString(undefined, { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  // The same marks for Plotly's ticks and hovers: decimal mark, then thousands separator.
+  const parts = new Intl.NumberFormat().formatToParts(12345.6);
+  const SEPARATORS = ((parts.find((p) => p.type === "decimal") || {}).value || ".")
+    + ((parts.find((p) => p.type === "group") || {}).value || ",");
 
   const fmt = {
     rate(v) {
       if (v === null || v === undefined || Number.isNaN(v)) return "–";
-      if (Math.abs(v) >= 1e6) return `${(v / 1e6).toFixed(2)} M samples/s`;
-      return `${v.toLocaleString("en-US", { maximumFractionDigits: v < 10 ? 1 : 0 })} samples/s`;
+      if (Math.abs(v) >= 1e6) return `${number(v / 1e6, 2)} M samples/s`;
+      return `${Number(v).toLocaleString(undefined, { maximumFractionDigits: v < 10 ? 1 : 0 })} samples/s`;
     },
-    pct(v) { return v === null || v === undefined ? "–" : `${(v * 100).toFixed(1)} %`; },
-    num(v, digits = 2) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); },
+    pct(v) { return v === null || v === undefined ? "–" : `${number(v * 100, 1)} %`; },
+    num(v, digits = 2) { return v === null || v === undefined ? "–" : number(v, digits); },
     time(ts) { return ts ? new Date(ts * 1000).toLocaleTimeString([], { hour12: false }) : "–"; },
     dateTime(value) {
       if (!value) return "–";
@@ -74,6 +108,7 @@
       legend: { orientation: "h", x: 0, y: -0.3, yanchor: "top" },
       colorway: PALETTE,
       hovermode: "x unified",
+      separators: SEPARATORS,
       uirevision,
       paper_bgcolor: "#ffffff",
       plot_bgcolor: "#ffffff",
@@ -167,20 +202,28 @@
   const isHidden = () => document.visibilityState === "hidden";
 
   // Calls `tick` every `periodMs` while not paused; one call at a time, so a slow answer never
-  // piles requests up. The Pause button and a hidden tab both stop it.
+  // piles requests up. The Pause button and a hidden tab both stop it. While refreshes fail (the
+  // control plane restarts, the network is away) the wait doubles after each failure, up to
+  // `maxBackoffMs`, and the status says since when; the first refresh that succeeds resumes the
+  // period, and the browser coming back online tries at once.
   class Live {
-    constructor(tick, periodMs) {
+    constructor(tick, periodMs, { maxBackoffMs = 15000 } = {}) {
       this.tick = tick;
       this.periodMs = periodMs;
+      this.maxBackoffMs = maxBackoffMs;
       this.paused = false;
       this.running = false;
       this.timer = null;
+      this.failures = 0;
+      this.failingSince = null;
+      this.again = false;
       this.root = document.querySelector("[data-live]");
       this.status = this.root && this.root.querySelector("[data-live-status]");
       this.toggle = this.root && this.root.querySelector("[data-live-toggle]");
       if (this.toggle) this.toggle.addEventListener("click", () => this.setPaused(!this.paused));
       // Shown again, a page refreshes at once, unless a person paused it.
       document.addEventListener("visibilitychange", () => { if (!isHidden() && !this.paused) this.now(); });
+      window.addEventListener("online", () => { if (!isHidden() && !this.paused) this.now(); });
     }
     setPaused(paused) {
       this.paused = paused;
@@ -192,40 +235,90 @@
       if (this.status) this.status.textContent = paused ? "Paused" : "Live";
       if (!paused) this.now();
     }
+    // The wait before the next refresh: the period, or the backoff after failures.
+    delayMs() {
+      if (!this.failures) return this.periodMs;
+      return Math.min(Math.max(this.maxBackoffMs, this.periodMs), this.periodMs * 2 ** this.failures);
+    }
     async now() {
-      if (this.running) return;
+      // Asked while a refresh runs (the browser back online, a form sent), one more runs as soon
+      // as it ends: never two at once, and never more than one waiting.
+      if (this.running) { this.again = true; return; }
+      this.again = false;
       clearTimeout(this.timer);
       this.running = true;
       try {
         await this.tick();
+        this.failures = 0;
+        this.failingSince = null;
         if (this.root) this.root.classList.remove("failing");
         if (this.status && !this.paused) this.status.textContent = `Live · ${fmt.time(Date.now() / 1000)}`;
       } catch (error) {
-        console.error(error);
+        this.failures += 1;
+        if (this.failingSince === null) this.failingSince = Date.now() / 1000;
+        // One line in the console when refreshes start failing, not one a second for hours.
+        if (this.failures === 1) console.error(error);
+        else console.warn(`refresh failed (${this.failures} in a row): ${error.message}`);
         if (this.root) this.root.classList.add("failing");
-        if (this.status) this.status.textContent = `Refresh failed: ${error.message}`;
+        if (this.status) {
+          this.status.textContent = `Refresh failed since ${fmt.time(this.failingSince)}, retrying in `
+            + `${Math.round(this.delayMs() / 1000)} s: ${error.message}`;
+        }
       } finally {
         this.running = false;
         // A hidden page schedules nothing: visibilitychange starts it again when it is shown.
-        if (!this.paused) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.periodMs);
+        if (!this.paused) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.again ? 0 : this.delayMs());
       }
     }
   }
 
+  // The most alerts listed one by one; the rest are counted by kind in a summary that opens onto
+  // them. A rack of 500 hosts falling silent listed 500 alerts, 22,000 px above the charts, and
+  // replaced them all in an aria-live region every second.
+  const ALERTS_SHOWN = 5;
+  const ALERT_KINDS = { silent: "agent silent", throughput_drop: "throughput fell", idle_high: "waiting for input" };
+
+  function alertItem(a) {
+    const item = document.createElement("div");
+    item.className = `alert ${a.severity}`;
+    item.dataset.kind = a.kind;
+    item.textContent = a.message;
+    return item;
+  }
+
   function renderAlerts(container, alerts) {
     if (!container) return;
-    container.replaceChildren(...alerts.map((a) => {
-      const item = document.createElement("div");
-      item.className = `alert ${a.severity}`;
-      item.dataset.kind = a.kind;
-      item.textContent = a.message;
-      return item;
-    }));
+    container.alerts = alerts;
+    // Unchanged alerts are left alone: a live region announces again whatever is replaced.
+    const key = JSON.stringify(alerts.map((a) => a.message));
+    const wasOpen = !!(container.querySelector("details") || {}).open;
+    if (container.dataset.key === key && container.dataset.open === String(wasOpen)) return;
+    container.dataset.key = key;
+    container.dataset.open = String(wasOpen);
+    const items = alerts.slice(0, ALERTS_SHOWN).map(alertItem);
+    const rest = alerts.slice(ALERTS_SHOWN);
+    if (rest.length) {
+      const counts = {};
+      for (const a of rest) counts[a.kind] = (counts[a.kind] || 0) + 1;
+      const more = document.createElement("details");
+      more.className = "alert-more";
+      more.open = wasOpen;
+      const summary = document.createElement("summary");
+      summary.textContent = `${rest.length} more alert${rest.length === 1 ? "" : "s"}: `
+        + Object.entries(counts).map(([kind, n]) => `${n} ${ALERT_KINDS[kind] || kind}`).join(", ");
+      more.append(summary);
+      // Listed only while open: closed, the page holds five alerts, not five hundred.
+      if (wasOpen) more.append(...rest.map(alertItem));
+      more.addEventListener("toggle", () => renderAlerts(container, container.alerts));
+      items.push(more);
+    }
+    container.replaceChildren(...items);
   }
 
   function escapeHtml(s) {
     return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
   }
 
-  window.InTune = { PALETTE, config, api, ApiError, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows };
+  // requestTimeoutMs: each request's deadline; a test may shorten it.
+  window.InTune = { requestTimeoutMs: 20000, PALETTE, config, api, all, ApiError, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows };
 })();

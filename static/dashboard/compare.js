@@ -1,7 +1,7 @@
 // Two hosts (on a shared clock) or two tuning sessions (aligned on their start) on one chart.
 (function () {
   "use strict";
-  const { api, toDates, layout, draw, Live, config } = window.InTune;
+  const { api, all, toDates, layout, draw, Live, config } = window.InTune;
   const settings = config();
   const $ = (id) => document.getElementById(id);
   const COLOURS = ["#0072B2", "#D55E00"];
@@ -70,8 +70,8 @@
     if (!a || !b) return;
     const rangeS = Number($("compare-range").value);
     const traces = mode === "hosts"
-      ? await Promise.all([hostTrace(a, metric, rangeS, 0), hostTrace(b, metric, rangeS, 1)])
-      : await Promise.all([sessionTrace(a, metric, 0), sessionTrace(b, metric, 1)]);
+      ? await all([hostTrace(a, metric, rangeS, 0), hostTrace(b, metric, rangeS, 1)])
+      : await all([sessionTrace(a, metric, 0), sessionTrace(b, metric, 1)]);
     const m = mode === "hosts" ? HOST_METRICS[metric] : SESSION_METRICS[metric];
     const title = `${m.label[0].toUpperCase()}${m.label.slice(1)}: A against B`;
     draw("chart-compare", traces, layout(title, { x: mode === "hosts" ? "time" : m.x, y: m.unit, uirevision: `${mode}:${a}:${b}:${metric}:${rangeS}` }));

@@ -1,7 +1,7 @@
 // The home page: every job's state, refreshed live, with a throughput sparkline each.
 (function () {
   "use strict";
-  const { api, fmt, toDates, Live, renderAlerts, config } = window.InTune;
+  const { api, all, fmt, toDates, Live, renderAlerts, config } = window.InTune;
   const settings = config();
 
   function jobStatus(job) {
@@ -36,7 +36,7 @@
   }
 
   async function tick() {
-    const [summary, alerts] = await Promise.all([api("/dashboard/api/jobs/"), api("/dashboard/api/alerts/")]);
+    const [summary, alerts] = await all([api("/dashboard/api/jobs/"), api("/dashboard/api/alerts/")]);
     for (const job of summary.jobs) {
       const row = document.querySelector(`tr[data-job-id="${job.id}"]`);
       if (!row) continue; // a job created since the page loaded shows on the next visit

@@ -4,7 +4,7 @@
 // 24 h range costs one large query and then small ones; Plotly's uirevision keeps the zoom.
 (function () {
   "use strict";
-  const { api, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, config, PALETTE } = window.InTune;
+  const { api, all, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, config, PALETTE } = window.InTune;
   const settings = config();
   const job = settings.job;
   const stageNames = settings.stages;
@@ -397,18 +397,35 @@
     return Object.entries(details).map(([k, v]) => `${k}: ${typeof v === "object" && v !== null ? (k === "workers" ? fmt.workers(v) : JSON.stringify(v)) : v}`).join("; ");
   }
 
+  // The table's rows by host id, found once: a selector per host per refresh searched the whole
+  // document 500 times a second on a job of 500 hosts.
+  let hostRows = null;
+
+  // A cell is written only when its text changes: every write makes the browser lay out the
+  // table again, and on a job of 500 hosts most cells (state, allocation, override, a silent
+  // host's figures) read the same from one refresh to the next.
+  function setText(cell, text) {
+    if (cell && cell.textContent !== text) cell.textContent = text;
+  }
+
   function renderHostsTable(hosts) {
+    if (!hostRows) hostRows = new Map([...document.querySelectorAll("#hosts-table tr[data-host-id]")].map((r) => [Number(r.dataset.hostId), r]));
     for (const h of hosts) {
-      const row = document.querySelector(`#hosts-table tr[data-host-id="${h.id}"]`);
+      const row = hostRows.get(h.id);
       if (!row) continue;
-      row.classList.toggle("selected", h.id === state.hostId);
+      const selected = h.id === state.hostId;
+      if (row.classList.contains("selected") !== selected) row.classList.toggle("selected", selected);
       const cls = { online: "ok", offline: "bad", new: "muted" }[h.state] || "muted";
-      row.querySelector('[data-field="state"]').innerHTML = `<span class="badge ${cls}">${h.state}</span>`;
-      row.querySelector('[data-field="throughput"]').textContent = fmt.rate(h.throughput);
-      row.querySelector('[data-field="idle"]').textContent = fmt.pct(h.idle_fraction);
-      row.querySelector('[data-field="allocation"]').textContent = h.applied_version === h.allocation_version
-        ? `v${h.applied_version} applied` : `v${h.allocation_version} published, v${h.applied_version} applied`;
-      row.querySelector('[data-field="override"]').textContent = h.override ? "override in force" : "–";
+      const stateCell = row.querySelector('[data-field="state"]');
+      const badge = stateCell.firstElementChild;
+      if (!badge || badge.className !== `badge ${cls}` || badge.textContent !== h.state) {
+        stateCell.innerHTML = `<span class="badge ${cls}">${escapeHtml(h.state)}</span>`;
+      }
+      setText(row.querySelector('[data-field="throughput"]'), fmt.rate(h.throughput));
+      setText(row.querySelector('[data-field="idle"]'), fmt.pct(h.idle_fraction));
+      setText(row.querySelector('[data-field="allocation"]'), h.applied_version === h.allocation_version
+        ? `v${h.applied_version} applied` : `v${h.allocation_version} published, v${h.applied_version} applied`);
+      setText(row.querySelector('[data-field="override"]'), h.override ? "override in force" : "–");
     }
   }
 
@@ -588,9 +605,9 @@
       api(`/dashboard/api/jobs/${job.id}/alerts/`),
     ];
     if (slow) {
-      requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
+      requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/?host=${hostId}`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
     }
-    const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await Promise.all(requests);
+    const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await all(requests);
     if (hostId !== state.hostId) return; // the person picked another host meanwhile
     state.metrics = metrics;
     state.overview = overview;

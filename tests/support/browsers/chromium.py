@@ -19,7 +19,15 @@ class ChromiumDriver(Driver):
 
     engine = "chromium"
 
-    def __init__(self, width: int = 1280, height: int = 900, *, _browser=None):
+    def __init__(
+        self,
+        width: int = 1280,
+        height: int = 900,
+        *,
+        locale: str | None = None,
+        timezone_id: str | None = None,
+        _browser=None,
+    ):
         self._playwright = None
         if _browser is None:
             from playwright.sync_api import sync_playwright
@@ -32,7 +40,10 @@ class ChromiumDriver(Driver):
                 timeout=START_TIMEOUT_S * 1000,
             )
             self._context = self._browser.new_context(
-                viewport={"width": width, "height": height}, accept_downloads=True
+                viewport={"width": width, "height": height},
+                accept_downloads=True,
+                locale=locale,
+                timezone_id=timezone_id,
             )
             self._page = self._context.new_page()
         except Exception:
@@ -46,10 +57,20 @@ class ChromiumDriver(Driver):
             "console", lambda m: self._errors.append(m.text) if m.type == "error" else None
         )
 
-    def another_person(self, width: int = 1280, height: int = 900) -> "ChromiumDriver":
+    def another_person(
+        self,
+        width: int = 1280,
+        height: int = 900,
+        *,
+        locale: str | None = None,
+        timezone_id: str | None = None,
+    ) -> "ChromiumDriver":
         """A page with cookies of its own (a new browser context) in the same browser, for a
-        second person; its ``close()`` closes that context only."""
-        return ChromiumDriver(width, height, _browser=self._browser)
+        second person, in ``locale`` and ``timezone_id`` if given (a person elsewhere); its
+        ``close()`` closes that context only."""
+        return ChromiumDriver(
+            width, height, locale=locale, timezone_id=timezone_id, _browser=self._browser
+        )
 
     def goto(self, url):
         self._errors.clear()
@@ -74,6 +95,11 @@ class ChromiumDriver(Driver):
 
     def console_errors(self):
         return list(self._errors)
+
+    def clear_console_errors(self) -> None:
+        """Forget the errors so far: a test that made the page fail on purpose, and checked them,
+        leaves the page to the next test without them."""
+        self._errors.clear()
 
     def screenshot(self, path: Path) -> None:
         """Save the whole page, not only the viewport, as a PNG at ``path``."""
