@@ -22,6 +22,7 @@ class SimulatedAgent(threading.Thread):
         self.seq = int(time.time() * 1000)
         self.sent = 0
         self.errors: list[str] = []
+        self.retried = 0  # batches sent again after a 429 or 503 (see _post)
         self._poller = threading.Thread(target=self._long_poll, daemon=True)
 
     def _long_poll(self):
@@ -69,15 +70,29 @@ class SimulatedAgent(threading.Thread):
                     ],
                 }
                 body = {"samples": [sample], "allocation_status": {"applied_version": self.version}}
-                try:
-                    r = client.post(f"/api/v1/hosts/{self.host_id}/metrics/", json=body)
-                    if r.status_code == 200:
-                        self.sent += 1
-                    else:
-                        self.errors.append(f"{r.status_code} {r.text[:200]}")
-                except httpx.HTTPError as exc:
-                    self.errors.append(repr(exc))
+                self._post(client, body)
                 self.stop_event.wait(1 / self.hz)
+
+    def _post(self, client: httpx.Client, body: dict) -> None:
+        """Send a batch; a 429 or 503 (the protocol's "retry after Retry-After": a row locked
+        past the lock timeout by a tuning step whose worker was killed, the database away) is
+        sent again after that wait, up to 5 times, and counted in ``retried``; any other
+        answer but 200 is an error."""
+        for _ in range(6):
+            try:
+                r = client.post(f"/api/v1/hosts/{self.host_id}/metrics/", json=body)
+            except httpx.HTTPError as exc:
+                self.errors.append(repr(exc))
+                return
+            if r.status_code == 200:
+                self.sent += 1
+                return
+            if r.status_code not in (429, 503) or "Retry-After" not in r.headers:
+                break
+            self.retried += 1
+            if self.stop_event.wait(min(5.0, float(r.headers["Retry-After"]))):
+                return
+        self.errors.append(f"{r.status_code} {r.text[:200]}")
 
     def stop(self):
         self.stop_event.set()
