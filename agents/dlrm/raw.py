@@ -80,7 +80,6 @@ import logging
 import os
 import re
 import tempfile
-import threading
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -486,8 +485,10 @@ SNIFF_BYTES = 16 << 10
 _SNIFF_THREADS = 16
 _PARQUET_MAGIC = b"PAR1"
 _GZIP_MAGIC = b"\x1f\x8b"
+# What each file was found to hold. No lock: a get and a set of a dict are each atomic, and two
+# threads that look at one file at once both find the same thing.
 _sniffed: dict[tuple, str | None] = {}
-_sniffed_lock = threading.Lock()
+_UNSEEN = object()
 
 
 def unnamed(name: str) -> bool:
@@ -523,9 +524,9 @@ def _sniff_one(
     entry: dict[str, Any], storage_options: dict[str, Any] | None, timeouts: StoreTimeouts | None
 ) -> str | None:
     key = tuple(str(entry.get(k)) for k in ("path", "size", "mtime_ns", "etag", "mtime"))
-    with _sniffed_lock:
-        if key in _sniffed:
-            return _sniffed[key]
+    seen = _sniffed.get(key, _UNSEEN)
+    if seen is not _UNSEEN:
+        return seen  # type: ignore[return-value]
     size, path = int(entry["size"]), entry["path"]
     head = b""
     if size > 0:
@@ -541,10 +542,9 @@ def _sniff_one(
             except PermissionError as exc:
                 raise unreadable(path, exc) from None
     content = content_of(head, whole=len(head) >= size)
-    with _sniffed_lock:
-        if len(_sniffed) > 100_000:
-            _sniffed.clear()
-        _sniffed[key] = content
+    if len(_sniffed) > 100_000:
+        _sniffed.clear()
+    _sniffed[key] = content
     return content
 
 

@@ -409,10 +409,15 @@ export class Agent {
   }
 
   async drain(timeoutS) {
-    // at the end: what is buffered is sent, bounded
+    // at the end: what is buffered is sent, bounded (the bound's timer is cleared once the
+    // buffer is out: left pending, it kept the process alive for the whole bound)
     this.stopped = false;
-    const done = this.ship();
-    await Promise.race([done, sleep(timeoutS * 1000)]);
+    let timer;
+    const bound = new Promise((resolve) => {
+      timer = setTimeout(resolve, timeoutS * 1000);
+    });
+    await Promise.race([this.ship(), bound]);
+    clearTimeout(timer);
     this.stopped = true;
   }
 }
