@@ -16,16 +16,16 @@ def test_fifty_agents_at_one_hertz_lose_nothing(live_stack):
         person["token"],
         agents=50,
         stages=8,
-        seconds=15,
+        seconds=10,
         processes=2,
         long_poll=True,
         # Each agent holds one long-poll the length of the run: at the default (20 s) the run
         # waited for those polls 7 s past its 15 s of load.
-        long_poll_wait=15,
+        long_poll_wait=10,
     )
     stored = live_stack.stored_samples(figures["job_id"])
     assert figures["errors"] == 0, figures["first_errors"]
-    assert figures["samples_sent"] >= 50 * 12
+    assert figures["samples_sent"] >= 50 * 8
     assert figures["samples_acknowledged"] == figures["samples_sent"]
     assert stored == figures["samples_sent"]
     print(figures)
