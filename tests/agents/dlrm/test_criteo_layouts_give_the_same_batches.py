@@ -29,10 +29,7 @@ pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow (the parquet extra)"
 PARSED = {"labels": np.float32, "dense": np.float32, "sparse": np.uint32, "sparse_present": bool}
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path_factory, monkeypatch):
-    """A cache folder of this module's own, where raw indexes of read-only folders go."""
-    monkeypatch.setenv("INTUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 def _batches(location, batch_size, **options):

@@ -21,22 +21,14 @@ from agents.dlrm import formats, raw
 from agents.dlrm.workload import build_pipeline
 from benchmarks.data_layouts import criteo_rows, parquet_table, tsv_text
 
+from .conftest import rows_read
+
 pa = pytest.importorskip("pyarrow", reason="pyarrow (the parquet extra)")
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow (the parquet extra)")
 HEADER = "\t".join(["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))])
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path_factory, monkeypatch):
-    """A cache folder of this module's own (raw indexes of URLs are kept there)."""
-    monkeypatch.setenv("INTUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
-
-
-def _rows(location, batch_size: int) -> dict[str, np.ndarray]:
-    """Every row of ``location`` read and parsed in this process, in order."""
-    chunks, reader, parser = formats.read_and_parse_stages(location, batch_size)
-    parsed = [parser(reader(chunk)) for chunk in chunks]
-    return {k: np.concatenate([p[k] for p in parsed]) for k in parsed[0]}
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 def _same(mine: dict, theirs: dict) -> None:
@@ -62,7 +54,7 @@ def _tsv(tmp_path, rows) -> dict[str, np.ndarray]:
     folder = tmp_path / "tsv"
     folder.mkdir()
     (folder / "day_0.tsv").write_bytes(tsv_text(rows))
-    return _rows(folder, batch_size=4)
+    return rows_read(folder, batch_size=4)
 
 
 # How Spark (RDD saveAsTextFile, DataFrame text/csv with sep='\t') and Hive name and encode a
@@ -133,7 +125,7 @@ def test_sparks_and_hives_text_parts_read_as_the_same_rows_from_a_tsv(
     in_order = sorted(texts, key=raw.natural_key)
     (expected / "day_0.tsv").write_bytes(b"".join(texts[p] for p in in_order))
     for location in _places(tmp_path, files):
-        _same(_rows(location, batch_size=4), _rows(expected, batch_size=4))
+        _same(rows_read(location, batch_size=4), rows_read(expected, batch_size=4))
 
 
 @pytest.mark.parametrize("name", ["000000_0", f"part-00000-{_ID}-c000"])
@@ -150,7 +142,7 @@ def test_parquet_with_no_suffix_reads_by_its_magic_bytes(tmp_path, name):
     expected = _tsv(tmp_path, rows)
     for location in _places(tmp_path, files):
         assert formats.detect_layout(location) == "parquet"
-        _same(_rows(location, batch_size=4), expected)
+        _same(rows_read(location, batch_size=4), expected)
 
 
 def test_a_folder_of_named_files_is_not_read_to_find_its_layout(tmp_path, monkeypatch):
@@ -200,7 +192,7 @@ def test_a_comma_separated_csv_is_refused_at_its_first_line(tmp_path):
     text = tsv_text(criteo_rows(3, 1)).replace(b"\t", b",")
     (tmp_path / f"part-00000-{_ID}-c000.csv").write_bytes(text)
     with pytest.raises(ValueError, match=r"c000.csv, line 1: .*\(it is comma-separated"):
-        _rows(tmp_path, batch_size=4)
+        rows_read(tmp_path, batch_size=4)
 
 
 @pytest.mark.parametrize("suffix", [".snappy", ".txt.lz4"])
@@ -251,4 +243,4 @@ def test_64_bit_hashes_read_as_their_low_32_bits(tmp_path_factory, high, dtype):
         table = table.set_column(at, f"C{i}", column)
     (tmp_path / "spark").mkdir()
     pq.write_table(table, tmp_path / "spark" / "part-00000.parquet", row_group_size=7)
-    _same(_rows(tmp_path / "spark", batch_size=4), _tsv(tmp_path, rows))
+    _same(rows_read(tmp_path / "spark", batch_size=4), _tsv(tmp_path, rows))

@@ -14,25 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.__main__ import load_pipeline
-from agents.dlrm import formats, raw
+from agents.dlrm import raw
 from agents.dlrm.workload import build_pipeline
 from benchmarks.data_layouts import criteo_rows, tsv_text, write_npy, write_parquet
+
+from .conftest import rows_read
 
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow (the parquet extra)")
 DAYS = ["day_0", "day_1", "day_2", "day_10"]  # day_10 after day_2: natural order
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path_factory, monkeypatch):
-    """A cache folder of this module's own."""
-    monkeypatch.setenv("INTUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
-
-
-def _rows(location, batch_size: int) -> dict[str, np.ndarray]:
-    """Every row of ``location`` read and parsed in this process, in order."""
-    chunks, reader, parser = formats.read_and_parse_stages(location, batch_size)
-    parsed = [parser(reader(chunk)) for chunk in chunks]
-    return {k: np.concatenate([p[k] for p in parsed]) for k in parsed[0]}
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 def _write(folder, layout: str, name: str, rows) -> None:
@@ -59,7 +51,7 @@ def test_day_folders_beside_sparks_side_files_read_as_one_folder_of_the_days(tmp
     (spark / "_SUCCESS").write_bytes(b"")
     _write(spark / "_temporary" / "0", layout, "part-00007", rows.part(0, 5))  # unfinished
     location = f"file://{spark}" if url else spark
-    mine, theirs = _rows(location, batch_size=10), _rows(flat, batch_size=10)
+    mine, theirs = rows_read(location, batch_size=10), rows_read(flat, batch_size=10)
     for key in theirs:
         np.testing.assert_array_equal(mine[key], theirs[key])
 
@@ -69,7 +61,7 @@ def test_a_bad_line_in_a_sub_folder_is_named_by_its_path_under_the_folder(tmp_pa
     (tmp_path / "date=2026-11-28").mkdir()
     (tmp_path / "date=2026-11-28" / "part-00000.tsv").write_bytes(text)
     with pytest.raises(ValueError, match=r"^date=2026-11-28/part-00000.tsv, line 1: it has 39"):
-        _rows(tmp_path, batch_size=4)
+        rows_read(tmp_path, batch_size=4)
 
 
 @pytest.mark.parametrize("url", [False, True], ids=["path", "file-url"])
@@ -166,7 +158,7 @@ def test_a_folder_with_days_of_its_own_reads_those_and_says_it_left_its_sub_fold
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "day_0.gz").write_bytes(gzip.compress(tsv_text(rows.part(20, 30))))
     with caplog.at_level("WARNING", logger="agents.dlrm.raw"):
-        assert _rows(tmp_path, batch_size=8)["labels"].size == 20
+        assert rows_read(tmp_path, batch_size=8)["labels"].size == 20
     assert "2 more in its sub-folders (raw/, sample/) are left out" in caplog.text
 
 
