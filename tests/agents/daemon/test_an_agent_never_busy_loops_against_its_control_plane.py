@@ -13,18 +13,23 @@ from agents.daemon.agent import Agent, AgentConfig
 from .conftest import STAGES
 
 
+def _agent(control_plane, pipeline, **timing) -> tuple:
+    """A host registered on the stand-in and an agent for it (not started), with ``timing``'s
+    AgentConfig fields (interval_s, poll_wait_s) and a batch a second."""
+    host = control_plane.add_host(STAGES)
+    config = AgentConfig(
+        url=control_plane.url, host_id=host.id, token=host.token, batch_seconds=1.0, **timing
+    )
+    return host, Agent(pipeline, config)
+
+
 def test_a_control_plane_slower_than_the_sampling_interval_gets_one_batch_a_period(
     control_plane, pipeline, consumer
 ):
     # Samples every 50 ms, answers after 250 ms: each batch's trip sees five new samples come
     # in. They wait for the next period; a flush that sent them too posted batch after batch
-    # without rest (16 in 5 s here), more load on a control plane exactly when it was slow.
-    host = control_plane.add_host(STAGES)
-    config = AgentConfig(
-        url=control_plane.url, host_id=host.id, token=host.token, interval_s=0.05,
-        batch_seconds=1.0, poll_wait_s=2.0,
-    )  # fmt: skip
-    agent = Agent(pipeline, config)
+    # without rest (19 in 5 s here), more load on a control plane exactly when it was slow.
+    _, agent = _agent(control_plane, pipeline, interval_s=0.05, poll_wait_s=2.0)
     posts: list[list[int]] = []
     post = agent.client.post_metrics
 
@@ -48,28 +53,20 @@ def test_a_control_plane_slower_than_the_sampling_interval_gets_one_batch_a_peri
 
 
 def test_polls_answered_at_once_with_nothing_new_are_asked_again_after_a_rest(
-    control_plane, pipeline, consumer
+    control_plane, pipeline, consumer, wait_for
 ):
     # A control plane (or a proxy before it) that holds no poll answers each at once with 204;
     # a web process on its way down does the same with the polls it held. An agent that asked
     # again at once ran a busy loop against it (thousands of polls a second, the whole fleet's
     # together); it rests 0.5 to 1 s, drawn, and still takes a new allocation after that rest.
     control_plane.hold_polls = False
-    host = control_plane.add_host(STAGES)
-    config = AgentConfig(
-        url=control_plane.url, host_id=host.id, token=host.token, interval_s=0.2,
-        batch_seconds=1.0, poll_wait_s=30.0,
-    )  # fmt: skip
-    agent = Agent(pipeline, config)
+    host, agent = _agent(control_plane, pipeline, interval_s=0.2, poll_wait_s=30.0)
     agent.start()
     try:
         time.sleep(3.0)
         polls = control_plane.polls
         control_plane.publish(host.id, {"parse": 2, "transform": 1})
-        deadline = time.monotonic() + 5.0
-        while pipeline.allocation.get("parse") != 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert pipeline.allocation.get("parse") == 2, "the allocation was taken"
+        wait_for(lambda: pipeline.allocation.get("parse") == 2, 5.0, "the allocation taken")
     finally:
         agent.stop()
     assert 3 <= polls <= 7, f"{polls} polls in 3 s"
