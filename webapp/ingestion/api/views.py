@@ -49,13 +49,18 @@ class HostMetricsView(KnownQueryParameters, APIView):
     query_parameters = {"get": frozenset({"since", "until", "step"})}
 
     def get_authenticators(self):
-        if self.request is not None and self.request.method == "POST":
+        method = self.request.method if self.request is not None else None
+        if method == "POST":
             return [AgentTokenAuthentication()]
+        if method == "OPTIONS":  # the endpoint's two users may both ask what it takes
+            return [AgentTokenAuthentication(), *super().get_authenticators()]
         return super().get_authenticators()
 
     def get_permissions(self):
         if self.request.method == "POST":
             return [IsHostAgent()]
+        if self.request.method == "OPTIONS" and isinstance(self.request.auth, Host):
+            return [IsHostAgent()]  # as the allocation endpoint answers its agent
         return [IsAuthenticated()]
 
     def get_throttles(self):
