@@ -103,6 +103,7 @@ from typing import Any
 import numpy as np
 
 from agents.dlrm import raw
+from agents.dlrm.opening import open_regular
 from agents.dlrm.schema import NUM_DENSE, NUM_SPARSE
 
 log = logging.getLogger(__name__)
@@ -372,7 +373,7 @@ def _read_range(
         data = raw._bounded(fs, path, f"read bytes {start}-{end} of", "cat_file",
                             store_timeouts, path, start=start, end=end)  # fmt: skip
     else:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:  # never blocks on a FIFO put in its place
             handle.seek(start)
             data = handle.read(end - start)
     if len(data) != end - start:
@@ -467,6 +468,8 @@ def _parquet_file(
     if raw.is_url(path):
         fs = raw.filesystem(path, storage_options, store_timeouts)
         source = _StoreFile(fs, path, store_timeouts)
+    else:
+        open_regular(path).close()  # pyarrow's open() would wait on a FIFO for ever
     try:
         return pa.parquet.ParquetFile(source, read_dictionary=dictionaries)
     except (pa.ArrowInvalid, OSError) as exc:

@@ -51,7 +51,11 @@ Every request to a store is bounded (``StoreTimeouts``, given as ``store_timeout
 connect and a read timeout on each socket (S3), a deadline on the whole request, so an
 object that trickles its bytes is cut as well, and a few attempts with jittered exponential
 waits (tenacity). When they are spent the read fails with a ``StoreError`` naming the URL,
-the byte range and what to do; a stalled store never holds a training job.
+the byte range and what to do; a stalled store never holds a training job. Each chunk
+carries the version its file was indexed at (``size:mtime_ns``; an S3 object's ETag, sent as
+``If-Match``): a file written again, grown or removed under the reader is refused, naming it,
+rather than read out of place; a data name that holds no regular file (a FIFO, a link that
+leads nowhere) is refused, never opened to wait on (``agents.dlrm.opening``).
 
 Lines end in LF or CRLF (a file exported on Windows), the last one with or without its
 newline. Blank lines, a UTF-8 byte-order mark and a header row at the top of a file
@@ -90,6 +94,9 @@ from typing import Any
 import numpy as np
 import tenacity
 
+from agents.dlrm.opening import changed, not_a_file, odd_entry, open_regular
+from agents.dlrm.opening import unreadable as unreadable  # formats raises it as raw.unreadable
+from agents.dlrm.opening import version as local_version
 from agents.dlrm.schema import FIELDS, NUM_DENSE, cache_dir
 from agents.dlrm.stages import parse
 from agents.process_lock import SharedCount
@@ -110,7 +117,9 @@ CODECS = {".gz": "gzip", ".bz2": "bz2", ".deflate": "deflate", ".zst": "zstd"}
 REFUSED_CODECS = {".snappy": "snappy", ".lz4": "lz4", ".lzo": "lzo"}
 SUFFIXES = TEXT_SUFFIXES + tuple(CODECS) + tuple(REFUSED_CODECS)
 _CODEC_NAMES = {"gzip": "gzip", "bz2": "bzip2", "deflate": "deflate (zlib)", "zstd": "zstd"}
-INDEX_VERSION = 4  # 3: blank lines and a header row are not rows; 4: codecs other than gzip
+# 3: blank lines and a header row are not rows; 4: codecs other than gzip; 5: each chunk
+# carries its file's version (size:mtime, or the object's ETag).
+INDEX_VERSION = 5
 BAD_LINE_POLICIES = ("error", "skip")
 _BLOCK = 1 << 20
 _NEWLINE = 10
@@ -160,6 +169,9 @@ class RawChunk:
     name: str = ""
     # The codec of a compressed file (``CODECS``' values; "" for plain text).
     codec: str = ""
+    # The file's version when it was indexed: ``size:mtime_ns`` on disk, the ETag in a store
+    # ("" when the store gives none); a read of a file no longer at it fails, saying so.
+    version: str = ""
 
 
 @dataclass
@@ -221,14 +233,23 @@ def _bounded(
 ) -> Any:
     """``fs.<call>(*args, **kwargs)`` within ``timeouts``: each attempt cut at ``request_s``
     (the async method on the filesystem's own loop, cancelled there when late), retried with
-    backoff; a ``StoreError`` naming ``url`` and ``what`` when the attempts are spent."""
+    backoff (tenacity; botocore's and s3fs's own retries are off, ``filesystem``); a
+    ``StoreError`` naming ``url`` and ``what`` when the attempts are spent, or at once when
+    the store refuses the credentials (an expired token in the middle of a run). A
+    ``cat_file`` given ``if_match`` (an ETag) reads that version of an S3 object only: a
+    ``ValueError`` saying so when the object was written again since it was listed."""
     t = timeouts or DEFAULT_STORE_TIMEOUTS
+    if_match = kwargs.pop("if_match", "")
 
     def attempt() -> Any:
         method = getattr(fs, "_" + call, None)
         if getattr(fs, "async_impl", False) and method is not None and fs.loop is not None:
+            if if_match and call == "cat_file" and hasattr(fs, "_call_s3"):
+                request = _s3_range(fs, *args, if_match=if_match, **kwargs)
+            else:
+                request = method(*args, **kwargs)
             future = asyncio.run_coroutine_threadsafe(
-                asyncio.wait_for(method(*args, **kwargs), t.request_s), fs.loop
+                asyncio.wait_for(request, t.request_s), fs.loop
             )
             try:
                 # wait_for ends the request at request_s; the extra second is the loop's.
@@ -247,7 +268,11 @@ def _bounded(
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(
-            lambda exc: not isinstance(exc, _FINAL_ERRORS) and not _refused(exc)
+            lambda exc: (
+                not isinstance(exc, _FINAL_ERRORS)
+                and not _refused(exc)
+                and not _precondition_failed(exc)
+            )
         ),
         stop=tenacity.stop_after_attempt(t.attempts),
         wait=tenacity.wait_random_exponential(multiplier=t.backoff_s, max=30),
@@ -258,13 +283,70 @@ def _bounded(
         return retrying(attempt)
     except tenacity.RetryError as spent:
         exc = spent.last_attempt.exception()
+        hint = (
+            "The store is not answering: check that it is up and reachable from this host "
+            "(its endpoint, the network), or give store_timeouts=StoreTimeouts(...) larger "
+            "bounds for a slow store"
+        )
+        if _slow_down(exc):
+            hint = (
+                "The store asks for fewer requests (SlowDown, 503): give the read stage fewer "
+                "workers, or store_timeouts=StoreTimeouts(attempts=..., backoff_s=...) more "
+                "and longer waits"
+            )
         raise StoreError(
             f"could not {what} {url}: {t.attempts} attempt(s), each bounded by "
             f"{t.request_s:g} s (connect {t.connect_s:g} s, read {t.read_s:g} s), all failed; "
-            f"last: {type(exc).__name__}: {exc}. The store is not answering: check that it "
-            "is up and reachable from this host (its endpoint, the network), or give "
-            "store_timeouts=StoreTimeouts(...) larger bounds for a slow store"
+            f"last: {type(exc).__name__}: {exc}. {hint}"
         ) from exc
+    except Exception as exc:
+        if not getattr(fs, "async_impl", False):
+            raise  # a local filesystem's own errors (file://, memory://)
+        if _precondition_failed(exc):
+            raise ValueError(
+                f"{url} changed after it was listed (it is no longer the object of ETag "
+                f"{if_match}): it was written again while the pipeline read it; start the "
+                "pipeline again to index it afresh (or read a prefix nobody writes to)"
+            ) from None
+        if _refused(exc):  # s3fs says "The provided token has expired.", not which object
+            raise StoreError(_store_failure(url, what, exc)) from None
+        raise
+
+
+async def _s3_range(
+    fs: Any, path: str, start: int, end: int, if_match: str = "", **kwargs: Any
+) -> bytes:
+    """Bytes ``start`` to ``end`` of an S3 object, of ETag ``if_match`` only (one GET; s3fs's
+    ``_cat_file`` takes no condition)."""
+    bucket, key, _ = fs.split_path(path)
+    answer = await fs._call_s3(
+        "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=if_match
+    )
+    try:
+        return await answer["Body"].read()
+    finally:
+        answer["Body"].close()
+
+
+def _causes(exc: BaseException) -> str:
+    """An error and its causes as text (s3fs keeps botocore's error code in the cause)."""
+    seen = []
+    while exc is not None and len(seen) < 5:
+        seen.append(f"{type(exc).__name__}: {exc!r}")
+        exc = exc.__cause__ or exc.__context__
+    return " | ".join(seen)
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether a conditional read found another version of the object (412)."""
+    text = _causes(exc)
+    return "PreconditionFailed" in text or "pre-conditions you specified" in text
+
+
+def _slow_down(exc: BaseException | None) -> bool:
+    """Whether the store asked for fewer requests (S3's 503 SlowDown)."""
+    text = _causes(exc) if exc is not None else ""
+    return "SlowDown" in text or "reduce your request rate" in text
 
 
 def is_url(location: str | Path) -> bool:
@@ -355,32 +437,25 @@ def _store_failure(url: str, what: str, exc: BaseException) -> str:
 
 
 def _open(
-    path: str, storage_options: dict[str, Any] | None, timeouts: StoreTimeouts | None = None
+    path: str,
+    storage_options: dict[str, Any] | None,
+    timeouts: StoreTimeouts | None = None,
+    version: str = "",
 ) -> Any:
-    """A binary file: ``open()`` for a local path, an ``_Object`` for a URL (each ``read`` is
-    one bounded ranged request of what was asked)."""
+    """A binary file: a regular file opened without blocking for a local path
+    (``open_regular``), an ``_Object`` for a URL (each ``read`` is one bounded ranged
+    request of what was asked); ``version``: the one it was indexed at, checked."""
     if is_url(path):
-        return _Object(filesystem(path, storage_options, timeouts), path, timeouts)
-    try:
-        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
-    except PermissionError as exc:
-        raise unreadable(path, exc) from None
-
-
-def unreadable(path: str, exc: OSError) -> PermissionError:
-    """The error for a local file this process may not read, saying what to do."""
-    return PermissionError(
-        f"{path}: this process (user id {os.geteuid()}) may not read it "
-        f"({exc.strerror or exc}): make it readable (chmod a+r), or move it out of the folder"
-    )
+        return _Object(filesystem(path, storage_options, timeouts), path, timeouts, version)
+    return open_regular(path, version)
 
 
 class _Object:
     """An object of a store read as a file: ``read``, ``seek``, ``tell``, each read one ranged
     request bounded by ``StoreTimeouts`` (fsspec's own file objects read without a deadline)."""
 
-    def __init__(self, fs: Any, url: str, timeouts: StoreTimeouts | None) -> None:
-        self.fs, self.url, self.timeouts = fs, url, timeouts
+    def __init__(self, fs: Any, url: str, timeouts: StoreTimeouts | None, etag: str = "") -> None:
+        self.fs, self.url, self.timeouts, self.etag = fs, url, timeouts, etag
         self.size = int(_bounded(fs, url, "read the size of", "info", timeouts, url)["size"])
         self.at = 0
 
@@ -390,7 +465,7 @@ class _Object:
             return b""
         what = f"read bytes {self.at}-{end} of"
         data = _bounded(self.fs, self.url, what, "cat_file", self.timeouts, self.url,
-                        start=self.at, end=end)  # fmt: skip
+                        start=self.at, end=end, if_match=self.etag)  # fmt: skip
         self.at += len(data)
         return data
 
@@ -419,6 +494,8 @@ def _label(path: str) -> str:
 
 
 _NUMBER = re.compile(r"(\d+)")
+# Names of data files in any layout (``agents.dlrm.formats`` reads .npy and Parquet).
+_DATA_SUFFIXES = SUFFIXES + (".npy", ".parquet", ".parq", ".pq")
 
 
 def natural_key(name: str) -> tuple[list, str]:
@@ -536,11 +613,8 @@ def _sniff_one(
             head = _bounded(fs, path, "read the first bytes of", "cat_file", timeouts, path,
                             start=0, end=end)  # fmt: skip
         else:
-            try:
-                with open(path, "rb") as handle:
-                    head = handle.read(end)
-            except PermissionError as exc:
-                raise unreadable(path, exc) from None
+            with open_regular(path) as handle:
+                head = handle.read(end)
     content = content_of(head, whole=len(head) >= size)
     if len(_sniffed) > 100_000:
         _sniffed.clear()
@@ -603,7 +677,14 @@ def _tree(
             folders[:] = keep
             for name in names:
                 path = Path(top) / name
-                if _left_out(name) or not path.is_file():  # a broken link is no file
+                if _left_out(name):
+                    continue
+                if not path.is_file():
+                    # A FIFO, a socket, a link that leads nowhere: left out, a day's rows
+                    # would be missing unsaid; refused when its name says it is data.
+                    odd = odd_entry(path)
+                    if odd and name.endswith(_DATA_SUFFIXES):
+                        raise not_a_file(str(path), odd)
                     continue
                 stat = path.stat()
                 relative = path.relative_to(folder).as_posix()
@@ -767,6 +848,7 @@ def load_or_build_index(
         _refuse_codecs(objects)
         names = {o["url"]: o["name"] for o in objects}
         codecs = {o["url"]: o["codec"] for o in objects}
+        versions = {o["url"]: o["etag"] for o in objects}
         signature = [{k: o[k] for k in ("name", "size", "etag", "mtime")} for o in objects]
     else:
         root = Path(folder)
@@ -774,6 +856,7 @@ def load_or_build_index(
         _refuse_codecs(files)
         names = {f["path"]: f["name"] for f in files}
         codecs = {f["path"]: f["codec"] for f in files}
+        versions = {f["path"]: f"{f['size']}:{f['mtime_ns']}" for f in files}
         signature = [{k: f[k] for k in ("name", "size", "mtime_ns")} for f in files]
     paths = list(names)
     locations = index_locations(root, batch_size)
@@ -786,7 +869,8 @@ def load_or_build_index(
     for path in paths:
         # Errors name a file by its path under the folder; an object by its URL.
         label = path if is_url(path) else names[path]
-        chunks += scan_file(path, batch_size, storage_options, store_timeouts, label, codecs[path])
+        chunks += scan_file(path, batch_size, storage_options, store_timeouts, label, codecs[path],
+                            versions[path])  # fmt: skip
     if not chunks:
         # Nothing to read would leave a pipeline that cycles over its data (epochs=None)
         # spinning for ever without a batch.
@@ -874,10 +958,13 @@ def scan_file(
     store_timeouts: StoreTimeouts | None = None,
     name: str | None = None,
     codec: str | None = None,
+    version: str = "",
 ) -> list[RawChunk]:
     """The chunks of one file (a path or an object's URL): ``batch_size`` rows each, the
     last what is left; ``name`` is how errors name the file (its path under the folder);
-    ``codec`` its codec ("" for plain text; found from the name when not given)."""
+    ``codec`` its codec ("" for plain text; found from the name when not given); ``version``
+    the one it was listed at (``RawChunk.version``): a file that changes while it is scanned
+    (still being written) is refused, its last line may be cut."""
     path = str(path)
     name = name or _label(path)
     if codec is None:
@@ -889,7 +976,7 @@ def scan_file(
     ends: list[int] = []  # where each member ends in the file
     cutter = _Cutter(batch_size, name)
     size = _REMOTE_MAX_READ if is_url(path) else _BLOCK
-    with _open(path, storage_options, store_timeouts) as handle:
+    with _open(path, storage_options, store_timeouts, version) as handle:
         if compressed:
             pieces = _inflate(handle, members, size, name, ends, codec)
         else:
@@ -905,6 +992,10 @@ def scan_file(
                         "folder of the files it holds (train.txt; its test.txt has no labels)"
                     )
             cutter.feed(piece)
+        if version and not is_url(path):  # an object is read at its ETag (If-Match)
+            now = local_version(os.fstat(handle.fileno()))
+            if now != version:
+                raise changed(path, version, now)
     starts = [text for _, text in members]
     chunks = []
     for start, end, rows, first_line in cutter.chunks():
@@ -925,6 +1016,7 @@ def scan_file(
                 compressed_end,
                 name,
                 codec,
+                version,
             )
         )
     return chunks
@@ -1178,9 +1270,9 @@ class RawReader:
             end = chunk.start + chunk.length
             what = f"read bytes {chunk.start}-{end} of"
             text = _bounded(fs, chunk.path, what, "cat_file", self.store_timeouts, chunk.path,
-                            start=chunk.start, end=end)  # fmt: skip
+                            start=chunk.start, end=end, if_match=chunk.version)  # fmt: skip
         else:
-            with open(chunk.path, "rb") as handle:
+            with open_regular(chunk.path, chunk.version) as handle:
                 handle.seek(chunk.start)
                 text = handle.read(chunk.length)
         if len(text) != chunk.length:
@@ -1227,7 +1319,7 @@ class _Cursor:
             # time, in order).
             span = chunk.compressed_end - chunk.member_offset
             size = min(max(span, _REMOTE_MIN_READ), _REMOTE_MAX_READ)
-        self.handle = _open(chunk.path, storage_options, store_timeouts)
+        self.handle = _open(chunk.path, storage_options, store_timeouts, chunk.version)
         self.handle.seek(chunk.member_offset)
         self.pieces = _inflate(self.handle, size=size, name=chunk.name or _label(chunk.path),
                                codec=chunk.codec or "gzip")  # fmt: skip

@@ -158,13 +158,15 @@ def test_a_chunk_of_a_many_member_gzip_object_is_a_ranged_read(s3, cache, monkey
     size = fs.size(f"{BUCKET}/days/day_2.tsv.gz")
     assert not any(raw._needs_order(c) for c in chunks)  # any worker may read any of them
     fetched: list[tuple[int, int]] = []
-    fetch = type(fs)._cat_file
+    call = type(fs)._call_s3
 
-    async def spy(self, path, start=None, end=None, **kwargs):  # the real ranged GET, noted
-        fetched.append((start, end))
-        return await fetch(self, path, start=start, end=end, **kwargs)
+    async def spy(self, method, *args, **kwargs):  # the real ranged GET (If-Match), noted
+        if method == "get_object" and "Range" in kwargs:
+            start, end = kwargs["Range"].removeprefix("bytes=").split("-")
+            fetched.append((int(start), int(end) + 1))
+        return await call(self, method, *args, **kwargs)
 
-    monkeypatch.setattr(type(fs), "_cat_file", spy)
+    monkeypatch.setattr(type(fs), "_call_s3", spy)
     last = raw.RawReader(storage_options=options)(chunks[-1])
     assert raw.RawParse(raw.BadLines())(last)["labels"].size == 500
     assert fetched and fetched[0][0] == chunks[-1].member_offset > size // 2

@@ -4,7 +4,6 @@ the same files in one folder, in every layout, locally and by URL (``raw.list_tr
 
 from __future__ import annotations
 
-import builtins
 import gzip
 import os
 
@@ -170,14 +169,14 @@ def test_a_file_this_process_may_not_read_is_said_with_what_to_do(tmp_path, monk
     rows = criteo_rows(6, 1)
     _write(tmp_path, layout, "day_0", rows)
     locked = {"raw": "day_0.gz", "npy": "day_0_sparse.npy", "parquet": "day_0.parquet"}[layout]
-    real_open = builtins.open
+    real_open = os.open  # data files are opened with os.open (agents.dlrm.opening)
 
     def refused(path, *args, **kwargs):
         if str(path).endswith(locked):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(raw, "open", refused, raising=False)
+    monkeypatch.setattr(os, "open", refused)
     original = pq.ParquetFile
 
     def parquet_refused(source, *args, **kwargs):

@@ -193,6 +193,7 @@ def generate(rng: random.Random) -> dict:
         else rng.choice([2, 50]),
     }
     _generate_more(rng, case)
+    _generate_round3(rng, case)
     return case
 
 
@@ -257,6 +258,51 @@ def _generate_more(rng: random.Random, case: dict) -> None:
     case["fsize_limit"] = rng.choice([None] * 9 + [200_000])
     if rng.random() < 0.15 and DRAW_DROP:
         case["end"] = "drop"
+
+
+def _generate_round3(rng: random.Random, case: dict) -> None:
+    """The dimensions added on 2026-11-29 (phunt), drawn last so that every earlier seed
+    keeps its case: a stage whose items are empty (0 bytes) or 16 MB (few items), one stage
+    far slower than the others (30 ms an item beside stages of none), and resizes from a
+    thread while a relayout runs and the consumer takes items slowly."""
+    stages = case["stages"]
+    if rng.random() < 0.15:
+        rng.choice(stages)["size"] = 0
+    if rng.random() < 0.08 and case["items"] <= 40:
+        rng.choice(stages)["size"] = 16_000_000
+    plain = [s for s in stages if s["behaviour"] == "none"]
+    if rng.random() < 0.15 and plain:
+        uneven = rng.choice(plain)
+        uneven["behaviour"], uneven["ms"] = "sleep", 30.0
+    if rng.random() < 0.15:
+        at = rng.randrange(len(case["ops"]) + 1)
+        case["ops"].insert(at, ["resize_relayout_slow", rng.randint(3, 10)])
+
+
+def _resize_relayout_slow(pipeline: Pipeline, stages: list, count: int, take) -> None:
+    """Resizes from a thread while a relayout runs, then ``count`` items taken slowly."""
+    names = [s.name for s in stages]
+
+    def resizes() -> None:
+        for k in range(6):
+            try:
+                pipeline.apply(_in_layout(pipeline, {names[k % len(names)]: 1 + k % 4}))
+            except (KeyError, LayoutBusy, AllocationError, PipelineStopped):
+                pass
+
+    thread = threading.Thread(target=resizes, name="hunt-resizes", daemon=True)
+    thread.start()
+    if len(names) > 1:
+        try:
+            pipeline.relayout(["+".join(names)] if len(pipeline.stage_names) > 1 else names,
+                              timeout_s=1.0)  # fmt: skip
+        except LayoutBusy:
+            pass
+    for _ in range(count):
+        take(1)
+        time.sleep(0.02)
+    thread.join(ITEM_BOUND_S)
+    assert not thread.is_alive(), "apply() from a thread still waits after a relayout"
 
 
 def _groups(names: list[str], cuts: list[bool]) -> list[str]:
@@ -456,6 +502,8 @@ def run_case(case: dict, log: list) -> None:
                 _later(op[1], _signal_pid, pid, signal.SIGCONT)
         elif kind == "consume":
             take(op[1])
+        elif kind == "resize_relayout_slow":
+            _resize_relayout_slow(pipeline, stages, op[1], take)
         elif kind == "sleep":
             time.sleep(op[1])
         elif kind == "sigint_during":
