@@ -26,7 +26,6 @@ import itertools
 import multiprocessing
 import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -40,6 +39,7 @@ import torch.utils.data
 
 from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
 from agents.pipeline.errors import AllocationError, as_raised_type
+from agents.pipeline.pipeline import exiting, in_thread_joined_at_exit, joined_at_exit
 from agents.pipeline.signals import deferred
 from agents.pipeline.stage import HARD_MAX_WORKERS
 from agents.pipeline.worker import POLL_S, error_type_name
@@ -1233,12 +1233,19 @@ def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> N
     stops in place: no thread runs once the interpreter finalizes, and ``start()`` waited
     for one for ever. The pipelines were stopped by then (``atexit``): it returns at once.
 
+    The thread is one the exit waits for (``joined_at_exit``): it holds the stopped pipeline,
+    and the batches in it, until it ends, and a script that returned from its loop mid-epoch
+    was aborted at exit ("terminate called without an active exception", status 134) in 2
+    runs of 99 when that thread dropped them, freeing tensors inside torch's C++ code, after
+    the teardown had begun (``python -m tests.agents.torch.exit_hunt``). Once the exit has
+    begun, it stops in place.
+
     ``then`` runs on that thread after the stop (never in the collection, nor at exit)."""
     stop = receiver.stop
     if receiver.pipeline._stopped:
         receiver._stopped.set()  # the receiving end only: its thread leaves, never waited on
         stop = None
-    if sys.is_finalizing():
+    if exiting():
         if stop is not None:
             stop()
         return
@@ -1251,7 +1258,7 @@ def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> N
         if then is not None:
             then()
 
-    threading.Thread(target=stop_then, name="intune-loader-stop", daemon=True).start()
+    in_thread_joined_at_exit(stop_then, "intune-loader-stop")
 
 
 class _Receiver:
@@ -1290,6 +1297,8 @@ class _Receiver:
         if self._thread is None:
             self._queue = queue.Queue(maxsize=1)
             self._thread = threading.Thread(target=self._pull, name="intune-loader", daemon=True)
+            # Joined at exit: it holds a batch's tensors while it hands them on.
+            joined_at_exit(self._thread)
             self._thread.start()
         deadline = time.monotonic() + timeout if timeout > 0 else None
         while True:
@@ -1342,7 +1351,9 @@ class _Receiver:
             return
 
     def _put(self, message: tuple[str, Any]) -> bool:
-        while not self._stopped.is_set():
+        # Not past the exit's start: the exit waits for this thread (joined_at_exit), and
+        # with a full queue nobody would ever take the message.
+        while not self._stopped.is_set() and not exiting():
             try:
                 self._queue.put(message, timeout=POLL_S * 5)
                 return True
