@@ -22,10 +22,13 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import functools
+import inspect
 import itertools
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -440,6 +443,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pipeline current then (idle rows at the next epoch's allocation, between epochs), and
         an ``apply()`` is recorded for the next epoch's pipeline, which starts at it."""
         self._own_runtime()
+        if self.num_workers > 0 and not (self.persistent_workers and self._persistent_iterator):
+            _warn_worker_number(self)  # as torch's _get_iterator, for each iterator it makes
         _warn_pin_memory(self.pin_memory, self.pin_memory_device)
         with self._switch_lock:
             if self.persistent_workers:
@@ -1177,6 +1182,33 @@ class _ReaderTurns:
     def _count(self, reader: int, batches: int) -> None:
         self._counted[reader] += batches
         self._expected[fold(self._epoch_seed, reader, self._counted[reader])] = reader
+
+
+@functools.cache
+def _as_torchs_get_iterator() -> Callable[[DataLoader], None]:
+    """A function that calls ``check_worker_number_rationality`` from the very line, file and
+    module of torch's ``_get_iterator``: its warning (``stacklevel=2``) then names torch's
+    place, and Python shows it once per place as it does torch's (the module's registry)."""
+    function = torch.utils.data.DataLoader._get_iterator
+    lines, first = inspect.getsourcelines(function)
+    at = first + next(
+        i for i, line in enumerate(lines) if "check_worker_number_rationality" in line
+    )
+    module = sys.modules[function.__module__]
+    source = "\n" * (at - 2) + "def check(self):\n    self.check_worker_number_rationality()\n"
+    space = {
+        "__name__": module.__name__,
+        "__warningregistry__": module.__dict__.setdefault("__warningregistry__", {}),
+    }
+    exec(compile(source, inspect.getsourcefile(function) or "", "exec"), space)  # noqa: S102
+    return space["check"]
+
+
+def _warn_worker_number(loader: DataLoader) -> None:
+    """torch's warning of more workers than the CPUs suggest, as its ``_get_iterator`` gives
+    it for each iterator (its constructor gives it too, at another line): a script saw it
+    twice under torch and once with ours (``tests.agents.torch.exit_hunt``, seed 102)."""
+    _as_torchs_get_iterator()(loader)
 
 
 def _warn_pin_memory(pin_memory: bool, pin_memory_device: str) -> None:

@@ -9,6 +9,7 @@ torch deprecates. A script's warning filters match on those words, so they are t
 """
 
 import math
+import os
 import re
 import warnings
 
@@ -81,3 +82,28 @@ def test_pin_memory_that_cannot_pin_warns_as_torch():
     assert any("deprecated" in text for text in ours[1])
     if not _accelerator_available():
         assert any("no accelerator is found" in text for text in ours[1])
+
+
+def test_more_workers_than_cpus_warns_at_each_iterator_from_torchs_place_as_torch():
+    # torch warns as it is built and again as each iterator is made (its _get_iterator); a
+    # script saw the second only under torch (the exit hunter, seed 102).
+    workers = len(os.sched_getaffinity(0)) + 1
+
+    def given(loader_class, persistent):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = loader_class(list(range(4)), batch_size=2, num_workers=workers,
+                                  persistent_workers=persistent)  # fmt: skip
+            for _ in range(2):
+                for _ in loader:
+                    pass
+        if isinstance(loader, DataLoader):
+            loader.close()
+        return [
+            (w.filename, w.lineno, str(w.message)) for w in caught if "worker" in str(w.message)
+        ]
+
+    for persistent in (False, True):
+        theirs = given(tud.DataLoader, persistent)
+        assert len(theirs) == (2 if persistent else 3), "torch's warnings changed"
+        assert given(DataLoader, persistent) == theirs
