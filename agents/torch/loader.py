@@ -443,9 +443,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pipeline current then (idle rows at the next epoch's allocation, between epochs), and
         an ``apply()`` is recorded for the next epoch's pipeline, which starts at it."""
         self._own_runtime()
-        if self.num_workers > 0 and not (self.persistent_workers and self._persistent_iterator):
-            _warn_worker_number(self)  # as torch's _get_iterator, for each iterator it makes
-        _warn_pin_memory(self.pin_memory, self.pin_memory_device)
+        _warn_as_torchs_iterator(self)
         with self._switch_lock:
             if self.persistent_workers:
                 reused = self._persistent_iterator
@@ -1185,46 +1183,62 @@ class _ReaderTurns:
 
 
 @functools.cache
-def _as_torchs_get_iterator() -> Callable[[DataLoader], None]:
-    """A function that calls ``check_worker_number_rationality`` from the very line, file and
-    module of torch's ``_get_iterator``: its warning (``stacklevel=2``) then names torch's
-    place, and Python shows it once per place as it does torch's (the module's registry)."""
-    function = torch.utils.data.DataLoader._get_iterator
+def _at_torchs_line(function: Callable, needle: str) -> Callable[..., None]:
+    """A function ``call(fn, *args)`` that calls ``fn(*args)`` from the very line, file and
+    module of torch's ``function`` that holds ``needle``: a warning ``fn`` gives with
+    ``stacklevel=2`` then names torch's place, as torch's own does, and Python shows it once
+    per place as it does torch's (the module's registry). Under ``intune-run`` ours named
+    ``agents/torch/auto.py``, without it the script's line (the exit hunter, seed 1000)."""
     lines, first = inspect.getsourcelines(function)
-    at = first + next(
-        i for i, line in enumerate(lines) if "check_worker_number_rationality" in line
-    )
+    at = first + next(i for i, line in enumerate(lines) if needle in line)
     module = sys.modules[function.__module__]
-    source = "\n" * (at - 2) + "def check(self):\n    self.check_worker_number_rationality()\n"
+    source = "\n" * (at - 2) + "def call(fn, *args):\n    fn(*args)\n"
     space = {
         "__name__": module.__name__,
         "__warningregistry__": module.__dict__.setdefault("__warningregistry__", {}),
     }
     exec(compile(source, inspect.getsourcefile(function) or "", "exec"), space)  # noqa: S102
-    return space["check"]
+    return space["call"]
 
 
-def _warn_worker_number(loader: DataLoader) -> None:
-    """torch's warning of more workers than the CPUs suggest, as its ``_get_iterator`` gives
-    it for each iterator (its constructor gives it too, at another line): a script saw it
-    twice under torch and once with ours (``tests.agents.torch.exit_hunt``, seed 102)."""
-    _as_torchs_get_iterator()(loader)
+def _warn_as_torchs_iterator(loader: DataLoader) -> None:
+    """The warnings torch gives as it makes an iterator, from the places it gives them."""
+    from torch.utils.data import dataloader
+
+    if loader.num_workers > 0 and not (
+        loader.persistent_workers and loader._persistent_iterator is not None
+    ):
+        # Torch's _get_iterator checks the workers against the CPUs (its constructor too, at
+        # another line): a script saw the warning twice under torch and once with ours (the
+        # exit hunter, seed 102).
+        _at_torchs_line(torch.utils.data.DataLoader._get_iterator, "check_worker_number")(
+            torch.utils.data.DataLoader.check_worker_number_rationality, loader
+        )
+    if loader.pin_memory:
+        made = (
+            dataloader._MultiProcessingDataLoaderIter
+            if loader.num_workers > 0
+            else dataloader._SingleProcessDataLoaderIter
+        )
+        _at_torchs_line(made.__init__, "super().__init__(loader)")(
+            _warn_pin_memory, loader.pin_memory, loader.pin_memory_device
+        )
 
 
 def _warn_pin_memory(pin_memory: bool, pin_memory_device: str) -> None:
     """torch's warnings, as each iterator of its gives them, for a ``pin_memory`` that
-    cannot be honoured as asked."""
+    cannot be honoured as asked (called through ``_at_torchs_line``)."""
     if pin_memory and pin_memory_device:
         warnings.warn(
             "pin_memory_device is deprecated, the current accelerator will be used as the device,"
             f"ignore pin_memory_device='{pin_memory_device}'.",
-            stacklevel=3,
+            stacklevel=2,
         )
     if pin_memory and not _accelerator_available():
         warnings.warn(
             "'pin_memory' argument is set as true but no accelerator is found, "
             "then device pinned memory won't be used.",
-            stacklevel=3,
+            stacklevel=2,
         )
 
 
