@@ -41,6 +41,7 @@ OUT = ROOT / "var" / "exit-hunt"
 BOUND_S = 90.0  # a script still running then hangs
 SLACK_S = 1.0  # what ours may add to torch's time from the ending to the exit
 GRACE_S = 3.0  # for the script's processes to end once it has
+LINGER_S = 10.0  # how long more a process left is watched, to say when it ends
 MARK = "EXIT_HUNT_MARK"
 ENDS = [
     "return", "return_after", "break", "sys_exit", "raise", "sigint", "sigint_group",
@@ -110,6 +111,14 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
+def _what(pid: int) -> str:
+    try:
+        proc = psutil.Process(pid)
+        return f"({proc.name()}, parent {proc.ppid()}, {' '.join(proc.cmdline())[-80:]})"
+    except psutil.Error:
+        return "(gone)"
+
+
 def run_script(case: dict, loader: str, plane: dict | None, log: Path, tree: Path = ROOT) -> dict:
     """Run the script once with ``loader`` (``torch`` or ``ours``); what it did."""
     mark = uuid.uuid4().hex
@@ -146,8 +155,13 @@ def run_script(case: dict, loader: str, plane: dict | None, log: Path, tree: Pat
     deadline = time.monotonic() + GRACE_S
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = _marked(mark)
-    for pid in left:
+    left = [f"{pid} {_what(pid)}" for pid in _marked(mark)]
+    gone_s = None
+    if left:  # how long they stay (a watchdog of their own may end them later)
+        while _marked(mark) and time.monotonic() < deadline + LINGER_S:
+            time.sleep(0.1)
+        gone_s = None if _marked(mark) else round(time.monotonic() - deadline + GRACE_S, 1)
+    for pid in _marked(mark):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -161,7 +175,7 @@ def run_script(case: dict, loader: str, plane: dict | None, log: Path, tree: Pat
         "rc": rc,
         "took": round(took, 2),
         "exit_s": None if exit_s is None else round(exit_s, 2),
-        "left": left,
+        "left": left if gone_s is None else [*left, f"gone {gone_s} s after the exit"],
         "stderr": normalized(stderr, tmp),
         "abort": "terminate called" in stderr or rc in (-6, 134),
     }
