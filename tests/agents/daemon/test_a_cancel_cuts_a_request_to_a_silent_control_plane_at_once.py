@@ -26,7 +26,9 @@ def silent():
     server.close()
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(after_s=st.sampled_from([0.0, 0.01, 0.05, 0.2]), pool=st.sampled_from(["poll", "metrics"]))
 def test_a_request_waiting_on_a_silent_control_plane_ends_once_cancelled(silent, after_s, pool):
     cancel = Cancel()
