@@ -81,7 +81,7 @@ class _Flow:
 _RUNNING: weakref.WeakSet[Pipeline] = weakref.WeakSet()
 # The threads that run torch or user code (the source, the collector that rebuilds the
 # results' tensors), or that may drop the last reference to a tensor (a stop's own thread,
-# which holds its pipeline and the batches in it until it ends), waited for at exit (below).
+# which holds what it stops until it ends), waited for at exit (below).
 _CODE_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 # How long the interpreter's exit waits for those threads, all together, once stopped.
 EXIT_JOIN_S = 2.0
@@ -140,11 +140,12 @@ def _stop_running() -> None:
     copies of its parent's running pipelines: ``stop()`` leaves those alone (it killed the
     parent's workers and removed their shared memory: the parent's epoch failed).
 
-    So is a stop's own thread (a loader's epoch left by ``return``, a pipeline collected):
-    ended after the exit, its last step dropped the stopped pipeline, whose batches' tensors
-    were freed inside torch's C++ code once the teardown had begun, and the process aborted
-    so in 2 runs of 99 of a script returning from its loop (``tests.agents.torch.exit_hunt``).
-    From here on a stop runs in the thread that asks for it (``joined_at_exit``)."""
+    A stop's own thread (a loader's epoch left by ``return``, a pipeline collected) is waited
+    for too: as it ends it drops the last reference to what it stopped (the loader, its
+    generator states' tensors; the pipeline), and a tensor freed once the teardown had begun
+    aborted the process so in 2 runs of 99 of a script returning from its loop
+    (``tests.agents.torch.exit_hunt``). From here on a stop runs in the thread that asks for
+    it (``joined_at_exit``)."""
     global _exiting
     with _exit_lock:
         _exiting = True

@@ -1279,8 +1279,8 @@ def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> N
     stops in place: no thread runs once the interpreter finalizes, and ``start()`` waited
     for one for ever. The pipelines were stopped by then (``atexit``): it returns at once.
 
-    The thread is one the exit waits for (``joined_at_exit``): it holds the stopped pipeline,
-    and the batches in it, until it ends, and a script that returned from its loop mid-epoch
+    The thread is one the exit waits for (``joined_at_exit``): it holds the stopped pipeline
+    and (``then``) the loader until it ends, and a script that returned from its loop mid-epoch
     was aborted at exit ("terminate called without an active exception", status 134) in 2
     runs of 99 when that thread dropped them, freeing tensors inside torch's C++ code, after
     the teardown had begun (``python -m tests.agents.torch.exit_hunt``). Once the exit has
