@@ -1004,6 +1004,11 @@ class _EpochIterator:
             self._stats.taken(0)
             self._placed()  # a checkpoint after it resumes past it
             raise as_raised_type(exc) from exc.__cause__
+        except PipelineStopped:
+            self._stats.taken(0)
+            if exiting():
+                _await_teardown()
+            raise
         except RuntimeError as exc:
             self._stats.taken(0)
             if "timed out after" not in str(exc):
@@ -1257,6 +1262,26 @@ def _warn_past_len(dataset: Any, length: int, yielded: int, num_workers: int) ->
             "examples."
         )
     warnings.warn(message, stacklevel=3)
+
+
+# How long a daemon thread reading an epoch that the interpreter's exit stopped waits for
+# the teardown to end it (_await_teardown): past it, it is told (PipelineStopped).
+TEARDOWN_WAIT_S = 10.0
+
+
+def _await_teardown() -> None:
+    """In a daemon thread reading an epoch that the interpreter's exit stopped (``atexit``):
+    wait for the teardown to end the thread, as a thread reading torch's loader is ended,
+    rather than raise ``PipelineStopped`` into it: the script printed that thread's traceback
+    as it exited (twice: the exception and its cause), and torch's printed nothing (the exit
+    hunter, seed 2002). Another thread (the main thread in a late ``atexit`` handler) is
+    told at once; the wait is bounded."""
+    thread = threading.current_thread()
+    if not thread.daemon or thread is threading.main_thread():
+        return
+    deadline = time.monotonic() + TEARDOWN_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> None:
