@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -222,7 +223,12 @@ def compare(case: dict, torch_run: dict, ours: dict) -> list[str]:
         torch_run = {**torch_run, "rc": ours["rc"], "stderr": ours["stderr"], "exit_s": None}
     if ours["rc"] != torch_run["rc"]:
         problems.append(f"exit status {ours['rc']}, torch's {torch_run['rc']}")
-    if ours["stderr"] != torch_run["stderr"]:
+    extra = list((Counter(ours["stderr"]) - Counter(torch_run["stderr"])).elements())
+    missing = list((Counter(torch_run["stderr"]) - Counter(ours["stderr"])).elements())
+    # What torch's alone prints of a daemon thread reading its loader at exit (a
+    # ConnectionRefusedError's traceback, in 1 run of 3 of seed 2015) is torch's noise; a
+    # warning torch gives and ours does not is ours to give (seed 102).
+    if extra or any("Warning" in line for line in missing):
         problems.append(f"stderr {ours['stderr']}, torch's {torch_run['stderr']}")
     # torch's own workers (an untuned loader under intune-run: an IterableDataset's with
     # several workers) wait up to 5 s on their watchdog after os._exit or SIGTERM, under
