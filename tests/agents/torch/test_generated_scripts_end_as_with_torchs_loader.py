@@ -35,8 +35,10 @@ def test_a_script_the_hunter_once_failed_on_ends_as_with_torch(planes, seed, tmp
     assert run_case(generate(random.Random(seed)), seed, planes, tmp_path) == []
 
 
-@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(seed=st.integers(0, 10**6))
 def test_a_generated_script_ends_as_with_torch(planes, seed, tmp_path_factory):
-    case = generate(random.Random(seed))
+    # Without intune-run and in one epoch here, to keep the suite short (the replays above
+    # run intune-run with a control plane up); the hunt draws every plane.
+    case = {**generate(random.Random(seed)), "plane": "none", "epochs": 1}
     assert run_case(case, seed, planes, tmp_path_factory.mktemp("exit")) == []
