@@ -233,7 +233,9 @@ def compare(case: dict, torch_run: dict, ours: dict) -> list[str]:
     # torch's own workers (an untuned loader under intune-run: an IterableDataset's with
     # several workers) wait up to 5 s on their watchdog after os._exit or SIGTERM, under
     # plain torch too (seeds 1002, 1017: 2 runs of 2 of torch's alone left one 5 s).
-    ours_left = [each for each in ours["left"] if "pt_data_worker" not in each]
+    ours_left = [
+        each for each in ours["left"] if "pt_data_worker" not in each and "gone" not in each
+    ]
     if ours_left:
         problems.append(f"left running: {ours['left']}")
     if ours["rc"] is None:
