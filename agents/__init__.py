@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agents.daemon.agent import Agent
     from agents.daemon.ranks import RankAttachment
+    from agents.transport import Cancel
 
 __all__ = ["DataLoader", "attach"]
 
@@ -49,6 +50,7 @@ def attach(
     rank: int | None = None,
     local_world_size: int | None = None,
     rank_socket: str | None = None,
+    cancel: Cancel | None = None,
     **options: Any,
 ) -> Agent | RankAttachment:
     """Start an agent for ``pipeline`` in background threads and return it.
@@ -72,6 +74,10 @@ def attach(
     Raises ``ValueError`` when the host's job names other stages than the pipeline reports
     (register the job with ``pipeline.stage_names``), as ``intune-agent`` exits then; a
     control plane that cannot be reached now is not an error (the agent ships when it can).
+
+    ``cancel`` (:class:`agents.transport.Cancel`): set from another thread (a process that
+    exits), it cuts the job's stages' read at once and ``attach()`` raises
+    :class:`agents.transport.Cancelled` without starting an agent.
     """
     # Imported here so that ``import agents.pipeline`` in a worker process stays light.
     from agents.daemon.agent import Agent, AgentConfig
@@ -98,8 +104,12 @@ def attach(
     # As intune-agent does at start: a job registered with other stage names would refuse
     # every sample for as long as training ran (an error a second, no tuning); say so now.
     names = reported_stage_names(pipeline)
-    if problem := job_stages_problem(config.url, config.host_id, config.token, names):
+    if problem := job_stages_problem(config.url, config.host_id, config.token, names, cancel):
         raise ValueError(f"attach(): {problem}")
+    if cancel is not None and cancel.is_set():
+        from agents.transport import Cancelled
+
+        raise Cancelled("attach() was cancelled (the process is exiting): no agent started")
 
     rank, world = host_ranks.local_rank_and_world(rank, local_world_size)
     if world == 1:

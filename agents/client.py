@@ -8,17 +8,18 @@ a 400 or 413 (the same body would be refused again), and gives up only when the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-import httpcore
 import httpx
 import tenacity
+
+from agents.transport import KEEPALIVE_S, Cancel, bounded_client, within
+
+__all__ = ["KEEPALIVE_S", "ControlPlaneClient", "ControlPlaneError", "register_host"]
 
 log = logging.getLogger("agents.client")
 
@@ -109,103 +110,6 @@ class _Wait(tenacity.wait.wait_base):
         return wait
 
 
-# --- a bound on a whole request --------------------------------------------------------------
-# httpx's timeouts bound each read and write, not a request: a control plane (or a proxy) that
-# trickles its answer a byte at a time, each within the read timeout, held a request for as long
-# as it trickled (measured: a 200-byte body at a byte every 0.5 s held a POST with timeout_s=2
-# for over 20 s; a chunked body that never ends, forever). Every read, write and connect of a
-# request is therefore cut to what is left of the request's own deadline, kept per thread.
-
-
-class _Deadline(threading.local):
-    at: float | None = None
-
-
-_deadline = _Deadline()
-
-
-@contextlib.contextmanager
-def _within(seconds: float) -> Iterator[None]:
-    """Bound every network operation of this thread's requests to ``seconds`` in all."""
-    _deadline.at = time.monotonic() + seconds
-    try:
-        yield
-    finally:
-        _deadline.at = None
-
-
-def _left(timeout: float | None, error: type[Exception]) -> float | None:
-    at = _deadline.at
-    if at is None:
-        return timeout
-    left = at - time.monotonic()
-    if left <= 0:
-        raise error("the request's whole time ran out (the control plane answers too slowly)")
-    return left if timeout is None else min(timeout, left)
-
-
-class _DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, stream: httpcore.NetworkStream) -> None:
-        self._stream = stream
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _left(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def start_tls(self, ssl_context, server_hostname=None, timeout=None):  # noqa: ANN001
-        return _DeadlineStream(
-            self._stream.start_tls(
-                ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)
-            )
-        )
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
-
-
-class _DeadlineBackend(httpcore.NetworkBackend):
-    def __init__(self) -> None:
-        self._backend = httpcore.SyncBackend()
-
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001
-        timeout = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(
-            self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
-        )
-
-    def connect_unix_socket(self, path, timeout=None, socket_options=None):  # noqa: ANN001
-        timeout = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options))
-
-    def sleep(self, seconds: float) -> None:
-        self._backend.sleep(seconds)
-
-
-# How long an idle connection to the control plane is kept for the next request. httpx's
-# default, 5 s, is the agent's batch period: the shipper waits 5 s after each batch's answer, so
-# every batch found its connection expired and opened another (a TCP handshake each, and behind
-# a TLS proxy a TLS handshake each: 400 a second for 2,000 agents). Under the control plane's
-# own idle limit (INTUNE_KEEPALIVE_S, 30 s), so that this side lets go first; a connection the
-# server or a proxy closed sooner is seen closed before it is used (httpcore reads its EOF).
-KEEPALIVE_S = 25.0
-
-
-def _bounded_client(**kwargs: Any) -> httpx.Client:
-    """An httpx client whose requests honour ``_within`` and whose connections outlast the
-    agent's batch period (``KEEPALIVE_S``)."""
-    transport = httpx.HTTPTransport(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
-    # httpx offers no public way to give its transport a network backend; httpcore's pool
-    # takes one (tests/agents/daemon/test_a_trickling_control_plane_never_holds_the_agent.py
-    # fails if an upgrade moves it).
-    transport._pool._network_backend = _DeadlineBackend()
-    return httpx.Client(transport=transport, **kwargs)
-
-
 class ControlPlaneClient:
     """Talks to one control plane as one host, with that host's agent token."""
 
@@ -219,6 +123,7 @@ class ControlPlaneClient:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 15.0,
         stop_event: threading.Event | None = None,
+        cancel: Cancel | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.host_id = int(host_id)
@@ -229,8 +134,13 @@ class ControlPlaneClient:
         headers = {"Authorization": f"Agent {token}", "User-Agent": "intune-agent/1"}
         # Two connection pools: the long-poll holds its connection for up to a minute and must
         # never make a metrics batch wait behind it.
-        self._metrics_http = _bounded_client(base_url=self.url, headers=headers, timeout=timeout_s)
-        self._poll_http = _bounded_client(base_url=self.url, headers=headers, timeout=timeout_s)
+        # ``cancel``: set from another thread, it cuts both pools' requests at once.
+        self._metrics_http = bounded_client(
+            cancel, base_url=self.url, headers=headers, timeout=timeout_s
+        )
+        self._poll_http = bounded_client(
+            cancel, base_url=self.url, headers=headers, timeout=timeout_s
+        )
 
     def interrupt_poll(self) -> None:
         """Cut a long-poll in progress (its thread sees an error), so stopping never waits for
@@ -250,7 +160,7 @@ class ControlPlaneClient:
         if isinstance(body, dict):
             body = json.dumps(body, separators=(",", ":")).encode()
         try:
-            with _within(self.timeout_s):
+            with within(self.timeout_s):
                 response = self._metrics_http.post(
                     f"{API}/hosts/{self.host_id}/metrics/",
                     content=body,
@@ -272,7 +182,7 @@ class ControlPlaneClient:
         what = f"GET {API}/hosts/{self.host_id}/allocation/"
         try:
             # The answer may take the whole wait; allow the usual timeout on top of it.
-            with _within(wait_s + self.timeout_s):
+            with within(wait_s + self.timeout_s):
                 response = self._poll_http.get(
                     f"{API}/hosts/{self.host_id}/allocation/",
                     params={"after": int(after), "wait": wait_s},
@@ -343,7 +253,7 @@ def register_host(
 
     def attempt() -> dict[str, Any]:
         try:
-            with _within(timeout_s), _bounded_client(timeout=timeout_s) as client:
+            with within(timeout_s), bounded_client(timeout=timeout_s) as client:
                 response = client.post(
                     f"{url.rstrip('/')}{API}/jobs/{job_id}/hosts/",
                     json=body,

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from agents.budget import AGENT_WAITING_TOLERANCE, HostBudget, StageBudget, allocation_problems
+
+if TYPE_CHECKING:
+    from agents.transport import Cancel
 
 log = logging.getLogger("agents")
 
@@ -57,7 +61,11 @@ def reported_stage_names(pipeline: object) -> list[str]:
 
 
 def job_stages_problem(
-    url: str, host_id: int, token: str, stage_names: Sequence[str]
+    url: str,
+    host_id: int,
+    token: str,
+    stage_names: Sequence[str],
+    cancel: Cancel | None = None,
 ) -> str | None:
     """Say why the host's job cannot tune a pipeline of ``stage_names`` (``None``: it can, or
     the control plane cannot be asked now).
@@ -68,13 +76,19 @@ def job_stages_problem(
     that cannot be reached, or refuses the token (an operator may fix it while training goes
     on, ``ControlPlaneError.retryable``), is not a problem here; one that refuses the request
     outright is (its :class:`agents.client.ControlPlaneError` said).
+
+    ``cancel`` (:class:`agents.transport.Cancel`), set from another thread, cuts the read at
+    once: it then raises :class:`agents.transport.Cancelled`.
     """
     from agents.client import ControlPlaneClient, ControlPlaneError
+    from agents.transport import Cancelled
 
-    client = ControlPlaneClient(url, host_id, token, timeout_s=5.0)
+    client = ControlPlaneClient(url, host_id, token, timeout_s=5.0, cancel=cancel)
     try:
         allocation = client.poll_allocation(after=0, wait_s=0)
     except ControlPlaneError as exc:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the job's stages were not read: cancelled") from exc
         if exc.retryable:
             log.warning("could not read the job's stages now (%s); starting anyway", str(exc))
             return None

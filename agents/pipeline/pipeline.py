@@ -79,11 +79,46 @@ class _Flow:
 # The pipelines started and not yet stopped in this process (a stop under way included),
 # stopped at its exit (below).
 _RUNNING: weakref.WeakSet[Pipeline] = weakref.WeakSet()
-# The pipelines' threads that run torch or user code (the source, the collector that rebuilds
-# the results' tensors), waited for at exit (below).
+# The threads that run torch or user code (the source, the collector that rebuilds the
+# results' tensors), or that may drop the last reference to a tensor (a stop's own thread,
+# which holds what it stops until it ends), waited for at exit (below).
 _CODE_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 # How long the interpreter's exit waits for those threads, all together, once stopped.
 EXIT_JOIN_S = 2.0
+# Set as the exit's stop begins (under the lock): a stop asked for from then on runs in the
+# caller's thread, never in a new one the exit would not wait for.
+_exit_lock = threading.RLock()
+_exiting = False
+
+
+def exiting() -> bool:
+    """Whether the interpreter's exit has begun stopping the pipelines (or finalizing)."""
+    return _exiting or sys.is_finalizing()
+
+
+def joined_at_exit(thread: threading.Thread) -> bool:
+    """Have the interpreter's exit wait for ``thread`` (not yet started; bounded, with the
+    pipelines' own threads); ``False`` once the exit has begun: then run its work in place.
+
+    For a daemon thread that runs torch code or may drop the last reference to a tensor: one
+    still doing so once the teardown has begun is ended by ``pthread_exit`` inside torch's
+    C++ code (a tensor's dealloc lets the GIL go and takes it back), and the process aborts
+    ("terminate called without an active exception", exit status 134)."""
+    with _exit_lock:
+        if exiting():
+            return False
+        _CODE_THREADS.add(thread)
+        return True
+
+
+def in_thread_joined_at_exit(target: Callable[[], None], name: str) -> None:
+    """Run ``target`` in a daemon thread the interpreter's exit waits for, or in this thread
+    once the exit has begun (``joined_at_exit``)."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    if joined_at_exit(thread):
+        thread.start()
+    else:
+        target()
 
 
 @atexit.register
@@ -103,7 +138,17 @@ def _stop_running() -> None:
 
     A child forked from the training process (``os.fork()``, left by ``sys.exit``) holds
     copies of its parent's running pipelines: ``stop()`` leaves those alone (it killed the
-    parent's workers and removed their shared memory: the parent's epoch failed)."""
+    parent's workers and removed their shared memory: the parent's epoch failed).
+
+    A stop's own thread (a loader's epoch left by ``return``, a pipeline collected) is waited
+    for too: as it ends it drops the last reference to what it stopped (the loader, its
+    generator states' tensors; the pipeline), and a tensor freed once the teardown had begun
+    aborted the process so in 2 runs of 99 of a script returning from its loop
+    (``tests.agents.torch.exit_hunt``). From here on a stop runs in the thread that asks for
+    it (``joined_at_exit``)."""
+    global _exiting
+    with _exit_lock:
+        _exiting = True
     for pipeline in list(_RUNNING):
         try:
             pipeline.stop()
@@ -415,7 +460,8 @@ class Pipeline:
             return  # atexit stopped it already; no thread may start now
         # In a thread of its own: a collection runs wherever an allocation triggers it, and
         # a stop's waits there (another pipeline's start, a lock held) hold that caller up.
-        threading.Thread(target=self.stop, name=f"{self.name}-collected", daemon=True).start()
+        # Joined at exit: it drops this pipeline, and the tensors in it, as it ends.
+        in_thread_joined_at_exit(self.stop, f"{self.name}-collected")
 
     def _monitor_once(self) -> bool:
         """Replace dead workers, and the launcher if it died; ``False`` once stopping."""

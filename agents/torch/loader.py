@@ -22,6 +22,8 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import functools
+import inspect
 import itertools
 import multiprocessing
 import os
@@ -40,6 +42,7 @@ import torch.utils.data
 
 from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
 from agents.pipeline.errors import AllocationError, as_raised_type
+from agents.pipeline.pipeline import exiting, in_thread_joined_at_exit, joined_at_exit
 from agents.pipeline.signals import deferred
 from agents.pipeline.stage import HARD_MAX_WORKERS
 from agents.pipeline.worker import POLL_S, error_type_name
@@ -440,7 +443,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pipeline current then (idle rows at the next epoch's allocation, between epochs), and
         an ``apply()`` is recorded for the next epoch's pipeline, which starts at it."""
         self._own_runtime()
-        _warn_pin_memory(self.pin_memory, self.pin_memory_device)
+        _warn_as_torchs_iterator(self)
         with self._switch_lock:
             if self.persistent_workers:
                 reused = self._persistent_iterator
@@ -1001,6 +1004,11 @@ class _EpochIterator:
             self._stats.taken(0)
             self._placed()  # a checkpoint after it resumes past it
             raise as_raised_type(exc) from exc.__cause__
+        except PipelineStopped:
+            self._stats.taken(0)
+            if exiting():
+                _await_teardown()
+            raise
         except RuntimeError as exc:
             self._stats.taken(0)
             if "timed out after" not in str(exc):
@@ -1179,20 +1187,63 @@ class _ReaderTurns:
         self._expected[fold(self._epoch_seed, reader, self._counted[reader])] = reader
 
 
+@functools.cache
+def _at_torchs_line(function: Callable, needle: str) -> Callable[..., None]:
+    """A function ``call(fn, *args)`` that calls ``fn(*args)`` from the very line, file and
+    module of torch's ``function`` that holds ``needle``: a warning ``fn`` gives with
+    ``stacklevel=2`` then names torch's place, as torch's own does, and Python shows it once
+    per place as it does torch's (the module's registry). Under ``intune-run`` ours named
+    ``agents/torch/auto.py``, without it the script's line (the exit hunter, seed 1000)."""
+    lines, first = inspect.getsourcelines(function)
+    at = first + next(i for i, line in enumerate(lines) if needle in line)
+    module = sys.modules[function.__module__]
+    source = "\n" * (at - 2) + "def call(fn, *args):\n    fn(*args)\n"
+    space = {
+        "__name__": module.__name__,
+        "__warningregistry__": module.__dict__.setdefault("__warningregistry__", {}),
+    }
+    exec(compile(source, inspect.getsourcefile(function) or "", "exec"), space)  # noqa: S102
+    return space["call"]
+
+
+def _warn_as_torchs_iterator(loader: DataLoader) -> None:
+    """The warnings torch gives as it makes an iterator, from the places it gives them."""
+    from torch.utils.data import dataloader
+
+    if loader.num_workers > 0 and not (
+        loader.persistent_workers and loader._persistent_iterator is not None
+    ):
+        # Torch's _get_iterator checks the workers against the CPUs (its constructor too, at
+        # another line): a script saw the warning twice under torch and once with ours (the
+        # exit hunter, seed 102).
+        _at_torchs_line(torch.utils.data.DataLoader._get_iterator, "check_worker_number")(
+            torch.utils.data.DataLoader.check_worker_number_rationality, loader
+        )
+    if loader.pin_memory:
+        made = (
+            dataloader._MultiProcessingDataLoaderIter
+            if loader.num_workers > 0
+            else dataloader._SingleProcessDataLoaderIter
+        )
+        _at_torchs_line(made.__init__, "super().__init__(loader)")(
+            _warn_pin_memory, loader.pin_memory, loader.pin_memory_device
+        )
+
+
 def _warn_pin_memory(pin_memory: bool, pin_memory_device: str) -> None:
     """torch's warnings, as each iterator of its gives them, for a ``pin_memory`` that
-    cannot be honoured as asked."""
+    cannot be honoured as asked (called through ``_at_torchs_line``)."""
     if pin_memory and pin_memory_device:
         warnings.warn(
             "pin_memory_device is deprecated, the current accelerator will be used as the device,"
             f"ignore pin_memory_device='{pin_memory_device}'.",
-            stacklevel=3,
+            stacklevel=2,
         )
     if pin_memory and not _accelerator_available():
         warnings.warn(
             "'pin_memory' argument is set as true but no accelerator is found, "
             "then device pinned memory won't be used.",
-            stacklevel=3,
+            stacklevel=2,
         )
 
 
@@ -1211,6 +1262,26 @@ def _warn_past_len(dataset: Any, length: int, yielded: int, num_workers: int) ->
             "examples."
         )
     warnings.warn(message, stacklevel=3)
+
+
+# How long a daemon thread reading an epoch that the interpreter's exit stopped waits for
+# the teardown to end it (_await_teardown): past it, it is told (PipelineStopped).
+TEARDOWN_WAIT_S = 10.0
+
+
+def _await_teardown() -> None:
+    """In a daemon thread reading an epoch that the interpreter's exit stopped (``atexit``):
+    wait for the teardown to end the thread, as a thread reading torch's loader is ended,
+    rather than raise ``PipelineStopped`` into it: the script printed that thread's traceback
+    as it exited (twice: the exception and its cause), and torch's printed nothing (the exit
+    hunter, seed 2002). Another thread (the main thread in a late ``atexit`` handler) is
+    told at once; the wait is bounded."""
+    thread = threading.current_thread()
+    if not thread.daemon or thread is threading.main_thread():
+        return
+    deadline = time.monotonic() + TEARDOWN_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> None:
@@ -1233,12 +1304,19 @@ def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> N
     stops in place: no thread runs once the interpreter finalizes, and ``start()`` waited
     for one for ever. The pipelines were stopped by then (``atexit``): it returns at once.
 
+    The thread is one the exit waits for (``joined_at_exit``): it holds the stopped pipeline
+    and (``then``) the loader until it ends, and a script that returned from its loop mid-epoch
+    was aborted at exit ("terminate called without an active exception", status 134) in 2
+    runs of 99 when that thread dropped them, freeing tensors inside torch's C++ code, after
+    the teardown had begun (``python -m tests.agents.torch.exit_hunt``). Once the exit has
+    begun, it stops in place.
+
     ``then`` runs on that thread after the stop (never in the collection, nor at exit)."""
     stop = receiver.stop
     if receiver.pipeline._stopped:
         receiver._stopped.set()  # the receiving end only: its thread leaves, never waited on
         stop = None
-    if sys.is_finalizing():
+    if exiting():
         if stop is not None:
             stop()
         return
@@ -1251,7 +1329,7 @@ def _stop_soon(receiver: _Receiver, then: Callable[[], None] | None = None) -> N
         if then is not None:
             then()
 
-    threading.Thread(target=stop_then, name="intune-loader-stop", daemon=True).start()
+    in_thread_joined_at_exit(stop_then, "intune-loader-stop")
 
 
 class _Receiver:
@@ -1290,6 +1368,8 @@ class _Receiver:
         if self._thread is None:
             self._queue = queue.Queue(maxsize=1)
             self._thread = threading.Thread(target=self._pull, name="intune-loader", daemon=True)
+            # Joined at exit: it holds a batch's tensors while it hands them on.
+            joined_at_exit(self._thread)
             self._thread.start()
         deadline = time.monotonic() + timeout if timeout > 0 else None
         while True:
@@ -1342,7 +1422,9 @@ class _Receiver:
             return
 
     def _put(self, message: tuple[str, Any]) -> bool:
-        while not self._stopped.is_set():
+        # Not past the exit's start: the exit waits for this thread (joined_at_exit), and
+        # with a full queue nobody would ever take the message.
+        while not self._stopped.is_set() and not exiting():
             try:
                 self._queue.put(message, timeout=POLL_S * 5)
                 return True

@@ -173,6 +173,14 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "a deque of items: appends and pops; the waits for room or items are on its "
         "Conditions, with a timeout or close() to wake them, and release it"
     ),
+    ("agents/pipeline/pipeline.py", "_exit_lock"): (
+        "a flag and a set of threads: joined_at_exit() reads the flag and adds one thread, "
+        "the exit sets the flag; no wait and no call out while it is held"
+    ),
+    ("agents/transport.py", "Cancel._lock"): (
+        "a flag and a set of sockets: track() adds one, set() sets the flag and copies the "
+        "set; the sockets are shut down after it is released"
+    ),
     ("agents/pipeline/pipeline.py", "Pipeline._lock"): (
         "the pipeline's structure (pools, inboxes, layout): its holders resize pools, which "
         "start workers through the launcher (one request each, bounded by its socket's 10 s "

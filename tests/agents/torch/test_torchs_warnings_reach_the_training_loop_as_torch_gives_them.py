@@ -9,6 +9,7 @@ torch deprecates. A script's warning filters match on those words, so they are t
 """
 
 import math
+import os
 import re
 import warnings
 
@@ -81,3 +82,38 @@ def test_pin_memory_that_cannot_pin_warns_as_torch():
     assert any("deprecated" in text for text in ours[1])
     if not _accelerator_available():
         assert any("no accelerator is found" in text for text in ours[1])
+
+
+def given_at(loader_class, **args):
+    """The warnings of torch's kinds two epochs give: file, line and text."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = loader_class(list(range(4)), batch_size=2, **args)
+        for _ in range(2):
+            for _ in loader:
+                pass
+    if isinstance(loader, DataLoader):
+        loader.close()
+    found = [(w.filename, w.lineno, str(w.message)) for w in caught]
+    return [each for each in found if "worker" in each[2] or "pin_memory" in each[2]]
+
+
+def test_more_workers_than_cpus_warns_at_each_iterator_from_torchs_place_as_torch():
+    # torch warns as it is built and again as each iterator is made (its _get_iterator); a
+    # script saw the second only under torch (the exit hunter, seed 102).
+    workers = len(os.sched_getaffinity(0)) + 1
+    for persistent in (False, True):
+        args = dict(num_workers=workers, persistent_workers=persistent)
+        theirs = given_at(tud.DataLoader, **args)
+        assert len(theirs) == (2 if persistent else 3), "torch's warnings changed"
+        assert given_at(DataLoader, **args) == theirs
+
+
+def test_pin_memory_warns_from_torchs_place_as_torch():
+    # Ours named the script's line (under intune-run, agents/torch/auto.py): the exit
+    # hunter, seed 1000. torch names its iterator's __init__.
+    for workers in (0, 1):
+        args = dict(num_workers=workers, pin_memory=True, pin_memory_device="cpu")
+        theirs = given_at(tud.DataLoader, **args)
+        assert theirs, "torch gave no warning to compare"
+        assert given_at(DataLoader, **args) == theirs

@@ -1,0 +1,189 @@
+"""The agent's HTTP transport: a bound on each whole request, and a cut from another thread.
+
+httpx's timeouts bound each read and write, not a request: a control plane (or a proxy) that
+trickles its answer a byte at a time, each within the read timeout, held a request for as long
+as it trickled (measured: a 200-byte body at a byte every 0.5 s held a POST with timeout_s=2
+for over 20 s; a chunked body that never ends, forever). Every read, write and connect of a
+request is therefore cut to what is left of the request's own deadline, kept per thread
+(:func:`within`).
+
+A request can also be cut at once from another thread (:class:`Cancel`): a training script
+that ends while ``intune-run`` still reads the job's stages from a control plane that accepts
+and never answers waited for that read's bound (up to 6 s) before it could exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import httpcore
+import httpx
+
+
+class Cancelled(Exception):
+    """What was asked was given up: its :class:`Cancel` was set (the process is exiting)."""
+
+
+class Cancel:
+    """Cuts the requests of every client made with it, from any thread, at once.
+
+    ``set()`` shuts down the clients' connections (a thread blocked reading an answer gets
+    end-of-file at once, which httpx raises as a ``RemoteProtocolError``) and refuses their
+    later connects and reads (``httpcore.ConnectError``). Not cut: a connect under way to an
+    address that drops packets, which keeps its own timeout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+    def is_set(self) -> bool:
+        """Whether ``set()`` was called."""
+        return self._set
+
+    def set(self) -> None:
+        """Cut every request under way and refuse the next ones."""
+        with self._lock:
+            self._set = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+    def check(self) -> None:
+        """Raise ``httpcore.ConnectError`` once set."""
+        if self._set:
+            raise httpcore.ConnectError("the request was cancelled: the process is exiting")
+
+    def track(self, stream: httpcore.NetworkStream) -> None:
+        """Cut ``stream`` at ``set()`` (at once if set already)."""
+        sock = stream.get_extra_info("socket")
+        if not isinstance(sock, socket.socket):
+            return
+        with self._lock:
+            if not self._set:
+                self._sockets.add(sock)
+                return
+        _shut(sock)
+        self.check()
+
+
+def _shut(sock: socket.socket) -> None:
+    # shutdown, not close: a close from another thread leaves a recv blocked in it waiting
+    # on (Linux wakes no poll for a descriptor closed elsewhere); a shutdown ends it at once.
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Deadline(threading.local):
+    at: float | None = None
+
+
+_deadline = _Deadline()
+
+
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Bound every network operation of this thread's requests to ``seconds`` in all."""
+    _deadline.at = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _deadline.at = None
+
+
+def _left(timeout: float | None, error: type[Exception]) -> float | None:
+    at = _deadline.at
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise error("the request's whole time ran out (the control plane answers too slowly)")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, stream: httpcore.NetworkStream, cancel: Cancel | None) -> None:
+        self._stream = stream
+        self._cancel = cancel
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._cancel is not None:
+            self._cancel.check()
+        return self._stream.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if self._cancel is not None:
+            self._cancel.check()
+        self._stream.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):  # noqa: ANN001
+        return _DeadlineStream(
+            self._stream.start_tls(
+                ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)
+            ),
+            self._cancel,
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, cancel: Cancel | None) -> None:
+        self._backend = httpcore.SyncBackend()
+        self._cancel = cancel
+
+    def _opened(self, stream: httpcore.NetworkStream) -> _DeadlineStream:
+        if self._cancel is not None:
+            try:
+                self._cancel.track(stream)
+            except httpcore.ConnectError:
+                stream.close()
+                raise
+        return _DeadlineStream(stream, self._cancel)
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001
+        if self._cancel is not None:
+            self._cancel.check()
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return self._opened(
+            self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        )
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):  # noqa: ANN001
+        if self._cancel is not None:
+            self._cancel.check()
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return self._opened(self._backend.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+# How long an idle connection to the control plane is kept for the next request. httpx's
+# default, 5 s, is the agent's batch period: the shipper waits 5 s after each batch's answer, so
+# every batch found its connection expired and opened another (a TCP handshake each, and behind
+# a TLS proxy a TLS handshake each: 400 a second for 2,000 agents). Under the control plane's
+# own idle limit (INTUNE_KEEPALIVE_S, 30 s), so that this side lets go first; a connection the
+# server or a proxy closed sooner is seen closed before it is used (httpcore reads its EOF).
+KEEPALIVE_S = 25.0
+
+
+def bounded_client(cancel: Cancel | None = None, **kwargs: Any) -> httpx.Client:
+    """An httpx client whose requests honour :func:`within` (and ``cancel``, when given) and
+    whose connections outlast the agent's batch period (``KEEPALIVE_S``)."""
+    transport = httpx.HTTPTransport(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
+    # httpx offers no public way to give its transport a network backend; httpcore's pool
+    # takes one (tests/agents/daemon/test_a_trickling_control_plane_never_holds_the_agent.py
+    # fails if an upgrade moves it).
+    transport._pool._network_backend = _DeadlineBackend(cancel)
+    return httpx.Client(transport=transport, **kwargs)
