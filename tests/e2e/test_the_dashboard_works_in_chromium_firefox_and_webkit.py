@@ -272,8 +272,10 @@ def test_a_visitor_is_sent_to_log_in_and_then_sees_the_job_list(page, plane):
     for label, viewport in widths:
         set_viewport(page, viewport)
         row = f"document.querySelector(\"tr[data-job-id='{plane['job']}']"
+        # Null-safe: a row not yet in the page is waited for (its TypeError failed the wait at
+        # once, Chromium at load 12).
         page.wait_for(
-            f"{row} [data-field=throughput]\").textContent.includes('/s')",
+            f"(c => !!c && c.textContent.includes('/s'))({row} [data-field=throughput]\"))",
             what="the job's throughput in the list",
         )
         # The agent's host is online (the test-fed one too, until it falls silent).

@@ -103,6 +103,12 @@ class Run:
         self.process = node("run", config, directory)
         self.events: list[dict] = []
 
+    def stop_once(self, condition, what: str, bound_s: float = 30) -> None:
+        """SIGTERM the agent (it stops, then ships what it buffered) once ``condition`` holds:
+        what a test waits for is done, and its ``seconds`` would only be waited out."""
+        wait_until(condition, bound_s, what=what)
+        self.process.terminate()
+
     def finish(self) -> list[dict]:
         out, err = self.process.communicate(timeout=self.config["seconds"] + NODE_S)
         assert self.process.returncode == 0, err.decode()
@@ -154,6 +160,7 @@ def test_a_node_agent_ships_its_metrics_and_applies_an_override(stack, tmp_path)
     version = override(stack, host_id, {"workers": {"read": 2, "parse": 3}, "reason": "node"})[
         "version"
     ]
+    run.stop_once(lambda: host_record(stack, host_id)["applied_version"] == version, "override")
     run.finish()
     assert [e["version"] for e in run.of("applied")] == [1, version]
     record = host_record(stack, host_id)
@@ -168,6 +175,9 @@ def test_a_node_agent_refuses_a_layout_it_cannot_run_and_the_refusal_is_recorded
     wait_until(lambda: host_record(stack, host_id)["applied_version"] == 1, 20, what="version 1")
     fused = {"workers": {"read+parse": 2}, "layout": [["read", "parse"]], "reason": "fuse"}
     version = override(stack, host_id, fused)["version"]
+    run.stop_once(
+        lambda: host_record(stack, host_id)["allocation"]["status"] == "refused", "the refusal"
+    )
     run.finish()
     (refused,) = run.of("refused")
     assert refused["version"] == version
@@ -181,6 +191,8 @@ def test_a_node_agent_refuses_a_layout_it_cannot_run_and_the_refusal_is_recorded
 def test_a_node_agent_drops_only_the_sample_a_400_names(stack, tmp_path):
     registered = register(stack, tmp_path)
     run = Run(agent_config(registered, batch_every=4, invalid_samples=[2]), tmp_path)
+    # The batch with the invalid sample (3 stored of its 4) and the next one.
+    run.stop_once(lambda: stack.stored_samples(registered["job_id"]) >= 7, "two batches stored")
     run.finish()
     (dropped,) = run.of("dropped_invalid")
     assert re.match(r"samples\[\d\]\.stages\[0\]\.busy_fraction: ", dropped["detail"]), dropped
@@ -234,6 +246,7 @@ def test_a_node_agent_rides_out_a_web_server_restart_and_loses_nothing(stack, tm
     version = override(stack, host_id, {"workers": {"read": 3, "parse": 2}, "reason": "after"})[
         "version"
     ]
+    run.stop_once(lambda: host_record(stack, host_id)["applied_version"] == version, "the override")
     run.finish()
     assert run.of("retry", status=None), "no request failed while the server was away"
     # The long-poll came back: the override made after the restart reached the agent.
@@ -277,6 +290,11 @@ def test_a_node_agent_waits_out_a_503_while_the_database_is_away_and_loses_nothi
         time.sleep(4)
     finally:
         block_connections(stack, allowed=True)
+    stored = stack.stored_samples(registered["job_id"])
+    # The agent ships again by itself, after its Retry-After, before it is stopped.
+    run.stop_once(
+        lambda: stack.stored_samples(registered["job_id"]) > stored, "a batch after the outage"
+    )
     run.finish()
     unavailable = run.of("retry", what="batch", status=503)
     assert unavailable, "no batch was answered 503 while the database was away"

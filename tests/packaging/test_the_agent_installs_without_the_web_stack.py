@@ -39,9 +39,14 @@ def agent_venv(tmp_path_factory) -> Path:
     assert built.returncode == 0, built.stderr
     wheel = built.stdout.strip()
     venv = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
+    # Without pip of its own, installed into by this pip (pip --python runs itself under the
+    # venv's interpreter), without byte-compiling what it installs (Python compiles what is
+    # imported). The venv with its own pip (ensurepip) took 15 s and the install by that pip,
+    # compiling every file, 25 s at load 11 to 14; 0.1 s and 6 s this way. The same packages.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
     installed = subprocess.run(
-        [venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel],
+        [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet",
+         "--no-compile", "--disable-pip-version-check", wheel],
         env=clean_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stdout + installed.stderr

@@ -10,6 +10,7 @@ import time
 import psycopg
 import pytest
 from django.conf import settings
+from django.conf import settings as django_settings
 from django.db import connection
 
 from webapp.database_guard import LOCKED_DETAIL
@@ -24,6 +25,38 @@ pytestmark = [
 
 # The bound plus a second for the request's own work on a loaded 2-core machine.
 SLACK_S = 3.0
+# The requests' lock_timeout here (the default is 5 s, INTUNE_DB_LOCK_TIMEOUT_S): the bound is
+# the server's, read from the connection's options, however long it is.
+SHORT_LOCK_TIMEOUT_S = 1.0
+
+
+@pytest.fixture
+def short_lock_timeout(settings):
+    """Connections wait SHORT_LOCK_TIMEOUT_S for a row lock, as INTUNE_DB_LOCK_TIMEOUT_S=1
+    sets it in production: lock_timeout in the connections' options (webapp/settings.py), and
+    DB_LOCK_TIMEOUT_S, which the assertions read. The connection pool is made again, so that
+    its connections are opened with these options (and again after, with the default)."""
+    options = django_settings.DATABASES["default"]["OPTIONS"]
+    before = options["options"]
+    default_ms = f"lock_timeout={round(settings.DB_LOCK_TIMEOUT_S * 1000)}"
+    assert default_ms in before, before
+    _new_pool()
+    options["options"] = before.replace(
+        default_ms, f"lock_timeout={round(SHORT_LOCK_TIMEOUT_S * 1000)}"
+    )
+    settings.DB_LOCK_TIMEOUT_S = SHORT_LOCK_TIMEOUT_S
+    try:
+        yield
+    finally:
+        options["options"] = before
+        _new_pool()
+
+
+def _new_pool() -> None:
+    """The pool's connections closed: the next ones are opened with the options then set."""
+    connection.close()
+    if connection.settings_dict["OPTIONS"].get("pool"):
+        connection.close_pool()
 
 
 def _holder():
@@ -74,7 +107,7 @@ def test_every_connection_carries_the_lock_and_idle_transaction_bounds():
 
 
 def test_an_override_of_a_host_whose_row_is_held_answers_503_within_the_bound(
-    api, operator, job_and_host
+    api, operator, job_and_host, short_lock_timeout
 ):
     _, host, _ = job_and_host
     workers = {"read": 2, "parse": 3, "transform": 3, "collate": 1, "prefetch": 1}
@@ -105,7 +138,7 @@ def test_an_override_of_a_host_whose_row_is_held_answers_503_within_the_bound(
 
 
 def test_an_agents_batch_for_a_host_whose_row_is_held_answers_503_within_the_bound(
-    api, job_and_host, sample
+    api, job_and_host, sample, short_lock_timeout
 ):
     job, host, token = job_and_host
     holder = _holder()

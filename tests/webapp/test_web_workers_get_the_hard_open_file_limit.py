@@ -17,7 +17,7 @@ def test_web_workers_started_under_a_low_soft_limit_run_with_the_hard_one(tmp_pa
     low = min(512, hard)
     if low == hard:
         pytest.skip(f"the hard open-file limit is {hard}: no room to start below it")
-    stack = LiveStack(tmp_path / "limits")
+    stack = LiveStack(tmp_path / "limits", manage_shell=False)
     resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
     try:
         stack.start()  # the web service inherits the low soft limit

@@ -48,7 +48,8 @@ RUNS = settings(
 SHORT = Tally()
 
 
-@settings(RUNS, max_examples=25)
+# A handful in make test (25 took 11.7 s of the suite); the soak form below runs 400.
+@settings(RUNS, max_examples=10)
 @given(scenario=scenarios(max_items=80, max_operations=6))
 def test_generated_pipelines_finish_every_operation_in_bounds(busy_cpus, scenario):
     run_scenario(scenario, SHORT, seed=len(scenario.operations))

@@ -135,7 +135,8 @@ def indices(epochs):
 
 RUNS = settings(
     deadline=None,
-    max_examples=int(os.environ.get("INTUNE_STATEFUL_CASES", "12")),
+    # A handful in make test; INTUNE_STATEFUL_CASES=80 for a hunt (docs/reliability.md).
+    max_examples=int(os.environ.get("INTUNE_STATEFUL_CASES", "6")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     print_blob=True,
     # Each case starts real processes: a failing one is reported as found (shrinking one

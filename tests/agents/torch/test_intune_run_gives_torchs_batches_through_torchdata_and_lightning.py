@@ -153,11 +153,22 @@ def _run(script: str, tmp_path: Path, patch: bool, stateful: bool = False) -> tu
     return json.loads(lines[-1]), done.stderr
 
 
+# The script's outcome without the patch (torchdata's and torch's own), run once for the tests
+# that compare against it: a run is a new Python importing torch and the library.
+_UNPATCHED: dict[str, dict] = {}
+
+
+def _unpatched(script: str, tmp_path: Path) -> dict:
+    if script not in _UNPATCHED:
+        _UNPATCHED[script] = _run(script, tmp_path, patch=False)[0]
+    return json.loads(json.dumps(_UNPATCHED[script]))  # a copy: a test pops from its own
+
+
 def test_torchdatas_stateful_loader_is_ours_over_a_map_dataset_and_resumes_as_torchdatas(
     tmp_path,
 ):
     pytest.importorskip("torchdata.stateful_dataloader")
-    torchs, _ = _run(STATEFUL, tmp_path, patch=False)
+    torchs = _unpatched(STATEFUL, tmp_path)
     ours, log = _run(STATEFUL, tmp_path, patch=True, stateful=True)
     assert not torchs["ours"] and ours["ours"]  # tuned: ours in its place
     assert not ours["stream_ours"]  # an IterableDataset's: torchdata's own
@@ -174,7 +185,7 @@ def test_torchdatas_stateful_loader_is_ours_over_a_map_dataset_and_resumes_as_to
 def test_without_tune_stateful_torchdatas_stateful_loader_stays_torchdatas(tmp_path):
     """Its checkpoints then stay torchdata's, which a run without intune-run reads."""
     pytest.importorskip("torchdata.stateful_dataloader")
-    torchs, _ = _run(STATEFUL, tmp_path, patch=False)
+    torchs = _unpatched(STATEFUL, tmp_path)
     kept, log = _run(STATEFUL, tmp_path, patch=True)
     assert not kept["ours"] and not kept["stream_ours"]
     assert kept == torchs
