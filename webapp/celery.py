@@ -38,5 +38,13 @@ def import_the_tuner_before_the_first_task(**_: object) -> None:
     first step, the import ran inside the step's transaction with the session row locked: 1.5 to
     4 s on a loaded machine, and an agent's batch waiting on that row past the lock timeout was
     answered 503 (tests/e2e/test_worker_killed_mid_session.py, with the replacement worker). The
-    web processes, beat and management commands do not import it (tuner/__init__.py)."""
+    web processes, beat and management commands do not import it (tuner/__init__.py).
+
+    An optimizer is made once too: torch's first ``torch.optim.Adam`` imports ``torch._dynamo``
+    and some 800 modules more (1.4 s on a quiet machine), and a fresh worker's first tuning step
+    that paid it at load 14 passed its 30 s soft time limit (the killed-worker test, once)."""
+    import torch
+
     import tuner.control  # noqa: F401
+
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
