@@ -12,12 +12,11 @@ its read. Found by the probe of 2026-11-29 (docs/reliability.md, "Data where it 
 from __future__ import annotations
 
 import gzip
-import threading
-import time
 
 import pytest
 
 from agents.dlrm import raw
+from tests.support.bounded_call import bounded_call
 from tests.support.faulty_s3 import FaultyS3
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (the test extra)")
@@ -66,21 +65,7 @@ def _rows(url: str, options: dict) -> int:
 
 
 def _bounded(fn) -> dict:
-    outcome: dict = {}
-
-    def run() -> None:
-        began = time.monotonic()
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
-            outcome["error"] = exc
-        outcome["seconds"] = time.monotonic() - began
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(2 * WITHIN_S)
-    assert not thread.is_alive(), f"the reader still waits after {2 * WITHIN_S} s"
-    return outcome
+    return bounded_call(fn, 2 * WITHIN_S, "the reader still waits")
 
 
 @pytest.mark.parametrize(

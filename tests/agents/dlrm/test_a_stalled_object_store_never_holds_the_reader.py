@@ -18,6 +18,7 @@ import time
 import pytest
 
 from agents.dlrm import raw
+from tests.support.bounded_call import bounded_call
 from tests.support.stalling_tcp import StallingServer
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (the test extra)")
@@ -58,25 +59,8 @@ def store(tmp_path, monkeypatch):
 
 
 def _bounded_call(fn):
-    """Run ``fn`` in a thread; what it raised and how long it took, or a failure when it is
-    still waiting after 3 * WITHIN_S (the test's own bound: never the suite's hang)."""
-    outcome: dict = {}
-
-    def run():
-        began = time.monotonic()
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
-            outcome["error"] = exc
-        outcome["seconds"] = time.monotonic() - began
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(3 * WITHIN_S)
-    assert not thread.is_alive(), (
-        f"the read still waits on the stalled store after {3 * WITHIN_S} s"
-    )
-    return outcome
+    """``fn`` under the test's own bound, 3 * WITHIN_S (``bounded_call``)."""
+    return bounded_call(fn, 3 * WITHIN_S, "the read still waits on the stalled store")
 
 
 def test_reads_and_listings_of_a_stalled_store_fail_within_their_bounds_naming_the_url(store):
