@@ -440,7 +440,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pipeline current then (idle rows at the next epoch's allocation, between epochs), and
         an ``apply()`` is recorded for the next epoch's pipeline, which starts at it."""
         self._own_runtime()
-        _warn_pin_memory(self.pin_memory, self.pin_memory_device)
+        if not self.persistent_workers or self._persistent_iterator is None:
+            # torch's warnings come as it makes an iterator: each iter(), or a persistent
+            # loader's first (its later ones reset that one, and warn no more).
+            if self.num_workers > 0:
+                self.check_worker_number_rationality()
+            _warn_pin_memory(self.pin_memory, self.pin_memory_device)
         with self._switch_lock:
             if self.persistent_workers:
                 reused = self._persistent_iterator
@@ -917,6 +922,8 @@ class _EpochIterator:
         self._owner_pid = os.getpid()
         self._iterable = loader._iterable
         self._num_workers = loader.num_workers
+        # One next() at a time (see __next__); reentrant only for _is_owned().
+        self._next_lock = threading.RLock()
         self._begin_epoch(epoch, epoch_seed)
 
     def _begin_epoch(self, epoch: int, epoch_seed: int) -> None:
@@ -950,6 +957,27 @@ class _EpochIterator:
         return len(self.loader)
 
     def __next__(self) -> Any:
+        """The next batch. Threads that call it at once take their turns: each waits for the
+        one before it, so that the epoch's end reaches every one of them as
+        ``StopIteration``, as torch's single-process iterator gives it. Taken together, the
+        one that met the end stopped the pipeline under the others (``PipelineStopped``), or,
+        with persistent workers, left them waiting on the next epoch (for ever with
+        ``timeout=0``), whose first batches they then took."""
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        try:
+            while not self._next_lock.acquire(timeout=POLL_S * 5):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"DataLoader timed out after {self._timeout} seconds (waiting for "
+                        "another thread's next() on this iterator)"
+                    )
+            return self._next()
+        finally:
+            # Owned or not whatever a Ctrl-C cut: released where this thread holds it.
+            if self._next_lock._is_owned():  # type: ignore[attr-defined]
+                self._next_lock.release()
+
+    def _next(self) -> Any:
         if self._done:
             if self._closed_early:
                 # As for a newer iter(): an epoch cut short must not look like a whole one.
@@ -995,7 +1023,7 @@ class _EpochIterator:
                 # until told): dropped as its batches are. Raised, it failed the next epoch
                 # with the last one's error, which torch never does.
                 self._stats.taken(0, batch=False)
-                return self.__next__()
+                return self._next()
             # As torch's iterator: the failed batch raises, and the next call goes on with
             # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
