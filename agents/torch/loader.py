@@ -1033,7 +1033,9 @@ class _EpochIterator:
             self._stats.taken(0)
             if "timed out after" not in str(exc):
                 raise
-            raise RuntimeError(f"{exc}{self._inside_init()}") from exc.__cause__
+            raise RuntimeError(
+                f"{exc}{self._inside_init() or self._waiting_on()}"
+            ) from exc.__cause__
         except BaseException:
             self._stats.taken(0)
             raise
@@ -1081,6 +1083,33 @@ class _EpochIterator:
             return ""
         named = ", ".join(f"worker {worker} (pid {pid})" for worker, pid in sorted(inside))
         return f"; still inside worker_init_fn: {named}, whose batches wait on it"
+
+    def _waiting_on(self) -> str:
+        """What a timeout's error adds: where the oldest batch in flight is (a
+        ``__getitem__`` that never returns is named: its stage, worker and indices)."""
+        held = []
+        try:
+            for pool in list(self.receiver.pipeline._pools):
+                for worker in list(pool.active) + list(pool.retiring):
+                    outstanding = list(worker.outstanding)
+                    if outstanding:
+                        seq, item = outstanding[0]
+                        held.append((seq, pool.stage.name, worker.pid, item))
+        except Exception:  # noqa: BLE001 - only for the message; the pipeline may be stopping
+            return ""
+        if not held:
+            return ""
+        seq, stage, pid, item = min(held, key=lambda h: h[0])
+        payload = item[2] if isinstance(item, tuple) and len(item) == 4 else None
+        indices = ""
+        if isinstance(payload, int) or (
+            isinstance(payload, list) and all(isinstance(i, int) for i in payload[:64])
+        ):
+            indices = f", dataset indices {payload if isinstance(payload, int) else payload[:64]}"
+        return (
+            f"; the oldest batch in flight is in stage '{stage}', worker pid {pid}{indices}: "
+            "a dataset or collate_fn call there has not returned"
+        )
 
     def _finish(self, collected: bool = False) -> None:
         # Ctrl-C held: cut between the two, the epoch read as ended and its workers ran on.
