@@ -1102,8 +1102,10 @@ class _EpochIterator:
         seq, stage, pid, item = min(held, key=lambda h: h[0])
         payload = item[2] if isinstance(item, tuple) and len(item) == 4 else None
         indices = ""
-        if isinstance(payload, int) or (
-            isinstance(payload, list) and all(isinstance(i, int) for i in payload[:64])
+        # A map-style fetch's payload is its indices (a reader's is its turn: not named).
+        if not self._iterable and (
+            isinstance(payload, int)
+            or (isinstance(payload, list) and all(isinstance(i, int) for i in payload[:64]))
         ):
             indices = f", dataset indices {payload if isinstance(payload, int) else payload[:64]}"
         return (
