@@ -1028,6 +1028,10 @@ class _EpochIterator:
             # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
             self._placed()  # a checkpoint after it resumes past it
+            if self._num_workers == 0 and exc.error_type in _RAISED_AS_ITSELF:
+                # torch's single-process loader raises it to the loop, which a script's
+                # ``except Exception`` does not catch (its workers die of it: RuntimeError).
+                raise _as_itself(exc) from exc
             raise as_raised_type(exc) from exc.__cause__
         except RuntimeError as exc:
             self._stats.taken(0)
@@ -1236,6 +1240,25 @@ class _ReaderTurns:
     def _count(self, reader: int, batches: int) -> None:
         self._counted[reader] += batches
         self._expected[fold(self._epoch_seed, reader, self._counted[reader])] = reader
+
+
+# What a dataset may raise that is no Exception: with num_workers=0 torch raises it as is.
+_RAISED_AS_ITSELF: dict[str, type[BaseException]] = {
+    "builtins:KeyboardInterrupt": KeyboardInterrupt,
+    "builtins:SystemExit": SystemExit,
+}
+
+
+def _as_itself(failure: StageFailed) -> BaseException:
+    """A ``KeyboardInterrupt`` or ``SystemExit`` the dataset raised, rebuilt: a
+    ``sys.exit(3)``'s code is 3, as the script's exit status under torch."""
+    kind = _RAISED_AS_ITSELF[failure.error_type]
+    said = failure.error.partition(": ")[2] if ": " in failure.error else ""
+    if kind is SystemExit:
+        with contextlib.suppress(ValueError):
+            return SystemExit(int(said))
+        return SystemExit(said or None)
+    return kind(str(failure))
 
 
 def _warn_pin_memory(pin_memory: bool, pin_memory_device: str) -> None:
