@@ -959,10 +959,10 @@ class _EpochIterator:
     def __next__(self) -> Any:
         """The next batch. Threads that call it at once take their turns: each waits for the
         one before it, so that the epoch's end reaches every one of them as
-        ``StopIteration``, as torch's single-process iterator gives it. Taken together, the
-        one that met the end stopped the pipeline under the others (``PipelineStopped``), or,
-        with persistent workers, left them waiting on the next epoch (for ever with
-        ``timeout=0``), whose first batches they then took."""
+        ``StopIteration``, as torch's single-process iterator gives it. (Without the turns,
+        the one that met the end stopped the pipeline under the others, which raised
+        ``PipelineStopped``; with persistent workers they waited on the next epoch, for ever
+        with ``timeout=0``, and took its first batches.)"""
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         try:
             while not self._next_lock.acquire(timeout=POLL_S * 5):
