@@ -920,6 +920,8 @@ class _EpochIterator:
         self._owner_pid = os.getpid()
         self._iterable = loader._iterable
         self._num_workers = loader.num_workers
+        # One next() at a time (see __next__); reentrant only for _is_owned().
+        self._next_lock = threading.RLock()
         self._begin_epoch(epoch, epoch_seed)
 
     def _begin_epoch(self, epoch: int, epoch_seed: int) -> None:
@@ -953,6 +955,27 @@ class _EpochIterator:
         return len(self.loader)
 
     def __next__(self) -> Any:
+        """The next batch. Threads that call it at once take their turns: each waits for the
+        one before it, so that the epoch's end reaches every one of them as
+        ``StopIteration``, as torch's single-process iterator gives it. (Without the turns,
+        the one that met the end stopped the pipeline under the others, which raised
+        ``PipelineStopped``; with persistent workers they waited on the next epoch, for ever
+        with ``timeout=0``, and took its first batches.)"""
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        try:
+            while not self._next_lock.acquire(timeout=POLL_S * 5):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"DataLoader timed out after {self._timeout} seconds (waiting for "
+                        "another thread's next() on this iterator)"
+                    )
+            return self._next()
+        finally:
+            # Owned or not whatever a Ctrl-C cut: released where this thread holds it.
+            if self._next_lock._is_owned():  # type: ignore[attr-defined]
+                self._next_lock.release()
+
+    def _next(self) -> Any:
         if self._done:
             if self._closed_early:
                 # As for a newer iter(): an epoch cut short must not look like a whole one.
@@ -998,11 +1021,15 @@ class _EpochIterator:
                 # until told): dropped as its batches are. Raised, it failed the next epoch
                 # with the last one's error, which torch never does.
                 self._stats.taken(0, batch=False)
-                return self.__next__()
+                return self._next()
             # As torch's iterator: the failed batch raises, and the next call goes on with
             # the batches after it (the pipeline keeps running).
             self._stats.taken(0)
             self._placed()  # a checkpoint after it resumes past it
+            if self._num_workers == 0 and exc.error_type in _RAISED_AS_ITSELF:
+                # torch's single-process loader raises it to the loop, which a script's
+                # ``except Exception`` does not catch (its workers die of it: RuntimeError).
+                raise _as_itself(exc) from exc
             raise as_raised_type(exc) from exc.__cause__
         except PipelineStopped:
             self._stats.taken(0)
@@ -1013,7 +1040,9 @@ class _EpochIterator:
             self._stats.taken(0)
             if "timed out after" not in str(exc):
                 raise
-            raise RuntimeError(f"{exc}{self._inside_init()}") from exc.__cause__
+            raise RuntimeError(
+                f"{exc}{self._inside_init() or self._waiting_on()}"
+            ) from exc.__cause__
         except BaseException:
             self._stats.taken(0)
             raise
@@ -1061,6 +1090,35 @@ class _EpochIterator:
             return ""
         named = ", ".join(f"worker {worker} (pid {pid})" for worker, pid in sorted(inside))
         return f"; still inside worker_init_fn: {named}, whose batches wait on it"
+
+    def _waiting_on(self) -> str:
+        """What a timeout's error adds: where the oldest batch in flight is (a
+        ``__getitem__`` that never returns is named: its stage, worker and indices)."""
+        held = []
+        try:
+            for pool in list(self.receiver.pipeline._pools):
+                for worker in list(pool.active) + list(pool.retiring):
+                    outstanding = list(worker.outstanding)
+                    if outstanding:
+                        seq, item = outstanding[0]
+                        held.append((seq, pool.stage.name, worker.pid, item))
+        except Exception:  # noqa: BLE001 - only for the message; the pipeline may be stopping
+            return ""
+        if not held:
+            return ""
+        seq, stage, pid, item = min(held, key=lambda h: h[0])
+        payload = item[2] if isinstance(item, tuple) and len(item) == 4 else None
+        indices = ""
+        # A map-style fetch's payload is its indices (a reader's is its turn: not named).
+        if not self._iterable and (
+            isinstance(payload, int)
+            or (isinstance(payload, list) and all(isinstance(i, int) for i in payload[:64]))
+        ):
+            indices = f", dataset indices {payload if isinstance(payload, int) else payload[:64]}"
+        return (
+            f"; the oldest batch in flight is in stage '{stage}', worker pid {pid}{indices}: "
+            "a dataset or collate_fn call there has not returned"
+        )
 
     def _finish(self, collected: bool = False) -> None:
         # Ctrl-C held: cut between the two, the epoch read as ended and its workers ran on.
@@ -1207,12 +1265,14 @@ def _at_torchs_line(function: Callable, needle: str) -> Callable[..., None]:
 
 
 def _warn_as_torchs_iterator(loader: DataLoader) -> None:
-    """The warnings torch gives as it makes an iterator, from the places it gives them."""
+    """The warnings torch gives as it makes an iterator, from the places it gives them: at
+    each ``iter()``, or a persistent loader's first (its later ones reset that one, and warn no
+    more; the parity hunter, seeds 1 and 4)."""
     from torch.utils.data import dataloader
 
-    if loader.num_workers > 0 and not (
-        loader.persistent_workers and loader._persistent_iterator is not None
-    ):
+    if loader.persistent_workers and loader._persistent_iterator is not None:
+        return
+    if loader.num_workers > 0:
         # Torch's _get_iterator checks the workers against the CPUs (its constructor too, at
         # another line): a script saw the warning twice under torch and once with ours (the
         # exit hunter, seed 102).
@@ -1228,6 +1288,25 @@ def _warn_as_torchs_iterator(loader: DataLoader) -> None:
         _at_torchs_line(made.__init__, "super().__init__(loader)")(
             _warn_pin_memory, loader.pin_memory, loader.pin_memory_device
         )
+
+
+# What a dataset may raise that is no Exception: with num_workers=0 torch raises it as is.
+_RAISED_AS_ITSELF: dict[str, type[BaseException]] = {
+    "builtins:KeyboardInterrupt": KeyboardInterrupt,
+    "builtins:SystemExit": SystemExit,
+}
+
+
+def _as_itself(failure: StageFailed) -> BaseException:
+    """A ``KeyboardInterrupt`` or ``SystemExit`` the dataset raised, rebuilt: a
+    ``sys.exit(3)``'s code is 3, as the script's exit status under torch."""
+    kind = _RAISED_AS_ITSELF[failure.error_type]
+    said = failure.error.partition(": ")[2] if ": " in failure.error else ""
+    if kind is SystemExit:
+        with contextlib.suppress(ValueError):
+            return SystemExit(int(said))
+        return SystemExit(said or None)
+    return kind(str(failure))
 
 
 def _warn_pin_memory(pin_memory: bool, pin_memory_device: str) -> None:

@@ -117,3 +117,36 @@ def test_pin_memory_warns_from_torchs_place_as_torch():
         theirs = given_at(tud.DataLoader, **args)
         assert theirs, "torch gave no warning to compare"
         assert given_at(DataLoader, **args) == theirs
+
+
+def warnings_per_iter(loader_class, epochs: int, **args) -> list[list[str]]:
+    """The warnings each ``iter()`` and its epoch give, one list per epoch."""
+    loader = loader_class(list(range(4)), batch_size=2, **args)
+    given = []
+    try:
+        for _ in range(epochs):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                list(loader)
+            given.append([str(w.message)[:60] for w in caught])
+    finally:
+        if isinstance(loader, DataLoader):
+            loader.close()
+    return given
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(persistent=st.booleans(), pin_memory=st.booleans(), epochs=st.integers(2, 3))
+def test_each_new_iterator_warns_as_torchs_and_a_persistent_ones_reset_does_not(
+    monkeypatch, persistent, pin_memory, epochs
+):
+    """torch warns of more workers than CPUs, and of a ``pin_memory`` it cannot honour, as it
+    makes an iterator: at every ``iter()``, or a persistent loader's first only (the parity
+    hunter, seeds 1 and 4: ours warned of the workers only at construction, and of the pin
+    at every epoch of a persistent loader)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one CPU: 2 workers warn
+    args = dict(num_workers=2, persistent_workers=persistent, pin_memory=pin_memory)
+    theirs = warnings_per_iter(tud.DataLoader, epochs, **args)
+    ours = warnings_per_iter(DataLoader, epochs, **args)
+    assert ours == theirs
+    assert any("worker processes in total" in text for text in theirs[0]), theirs
