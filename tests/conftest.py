@@ -92,6 +92,24 @@ def _standalone(request) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def _no_process_wide_agent_state_from_another_test(monkeypatch):
+    """Each test starts with the process-wide state of agents/ as a fresh process has it: no
+    pipeline attached (``agents.attached``: intune-run leaves a script that attached its own
+    alone, so one left by an earlier test read as the script's own) and the process not marked
+    as exiting (``agents.pipeline.pipeline._exiting``, set for good by the atexit handler that
+    some tests call: a later loader on the same pytest worker then ran its stops in place and
+    failed). Both bit in clean-clone runs once the files' order changed."""
+    import weakref
+
+    import agents
+    from agents.pipeline import pipeline
+
+    monkeypatch.setattr(agents, "attached", weakref.WeakSet())
+    monkeypatch.setattr(pipeline, "_exiting", False)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _point_django_at_test_redis(request):
     """Point the in-process web app at the session's Redis under a prefix of its own."""
     if _standalone(request):

@@ -12,18 +12,14 @@ import time
 
 import torch
 
-from agents.pipeline import pipeline
 from agents.pipeline.pipeline import _stop_running
 from agents.torch import DataLoader
 
 
-def test_the_stop_at_exit_of_a_persistent_loader_mid_epoch_names_no_stuck_thread(
-    caplog, monkeypatch
-):
+def test_the_stop_at_exit_of_a_persistent_loader_mid_epoch_names_no_stuck_thread(caplog):
     caplog.set_level(logging.WARNING)
-    # The exit's stop marks the process as exiting (every later stop runs in place, no receiver
-    # hands on an item); this process goes on to other tests: unmarked at the test's end.
-    monkeypatch.setattr(pipeline, "_exiting", False)
+    # The exit's stop marks the process as exiting for good; tests/conftest.py unmarks it for
+    # the next test of this process.
     dataset = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(32, 2))
     loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
     try:

@@ -7,12 +7,10 @@ to stop it."""
 
 import os
 import time
-import weakref
 
 import pytest
 import torch
 
-import agents
 from agents.torch import DataLoader, auto
 from tests.support.stalling_tcp import StallingServer
 
@@ -33,9 +31,6 @@ def silent(monkeypatch):
     monkeypatch.setenv("INTUNE_URL", f"http://127.0.0.1:{server.port}")
     monkeypatch.setenv("INTUNE_HOST_ID", "1")
     monkeypatch.setenv("INTUNE_AGENT_TOKEN", "ia_silent")
-    # A pipeline another test of this process left attached would read as the script's own,
-    # and the attach would leave the tuning to it without asking the control plane anything.
-    monkeypatch.setattr(agents, "attached", weakref.WeakSet())
     for name in ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     yield server
