@@ -693,6 +693,76 @@ def _tree(
     return sorted(files, key=lambda f: natural_key(f["name"]))
 
 
+# Keys per page of an S3 listing: S3's own most (ListObjectsV2's MaxKeys).
+_LIST_PAGE_KEYS = 1000
+# A long listing says how far it has got every so many pages (20,000 keys).
+_LIST_LOG_EVERY = 20
+
+
+def _s3_listing(
+    fs: Any, root: str, url: str, timeouts: StoreTimeouts | None
+) -> dict[str, dict[str, Any]]:
+    """Every object under ``root`` (an S3 prefix), as ``find(detail=True)`` gives them, one
+    page of ``_LIST_PAGE_KEYS`` keys at a time, each page a request of its own within
+    ``timeouts`` (bounded and retried as any other request).
+
+    s3fs's ``find`` lists all pages in one call, so its one bound (``request_s``) cut a prefix
+    of many objects on a working store: 2,105 keys took 7.5 s against moto under load, and a
+    prefix of a few hundred thousand objects (a Spark job's part files over months) would time
+    out at 60 s however healthy the store. Now the bound is on each page: a listing of any
+    length goes on while pages come."""
+    bucket, key, _ = fs.split_path(fs._strip_protocol(root))
+    request = {"Bucket": bucket, "MaxKeys": _LIST_PAGE_KEYS, **getattr(fs, "req_kw", {})}
+    request["Prefix"] = key.rstrip("/") + "/" if key else ""
+    found: dict[str, dict[str, Any]] = {}
+    pages = 0
+    while True:
+        what = "list" if pages == 0 else f"list page {pages + 1} of"
+        page = _bounded(fs, url, what, "call_s3", timeouts, "list_objects_v2", **request)
+        pages += 1
+        for content in page.get("Contents", []):
+            name = f"{bucket}/{content['Key']}"
+            found[name] = {**content, "name": name, "type": "file", "size": content["Size"]}
+        if not page.get("IsTruncated"):
+            break
+        if pages % _LIST_LOG_EVERY == 0:
+            log.info("listing %s: %d objects in %d pages so far", url, len(found), pages)
+        request["ContinuationToken"] = page["NextContinuationToken"]
+    if pages > _LIST_LOG_EVERY:
+        log.info("listed %s: %d objects in %d pages", url, len(found), pages)
+    _cache_listing(fs, f"{bucket}/{key}".rstrip("/"), found)
+    if not found and key:  # the prefix may name one object: said by the caller
+        try:
+            info = _bounded(fs, url, "look up", "info", timeouts, root)
+        except FileNotFoundError:
+            return {}
+        found[str(info["name"])] = info
+    return found
+
+
+def _cache_listing(fs: Any, root: str, found: dict[str, dict[str, Any]]) -> None:
+    """Put a listing of everything under ``root`` in ``fs``'s cache of folders, as s3fs's
+    ``find`` does: later ``info`` calls (each object's size, as it is opened) are answered from
+    it rather than by a HEAD request each (which a store that stalls after the listing also
+    held). Each folder's entries are its objects and its sub-folders."""
+    folders: dict[str, dict[str, dict[str, Any]]] = {root: {}}
+    for name, entry in found.items():
+        if name.endswith("/"):
+            continue  # the empty object a console makes to show a folder: not a listing entry
+        child, parent = entry, name.rsplit("/", 1)[0]
+        while True:
+            known = parent in folders
+            folders.setdefault(parent, {})[child["name"]] = child
+            if known or len(parent) <= len(root) or "/" not in parent:
+                break
+            child = {"Key": parent, "name": parent, "Size": 0, "size": 0,
+                     "StorageClass": "DIRECTORY", "type": "directory"}  # fmt: skip
+            parent = parent.rsplit("/", 1)[0]
+    for folder, entries in folders.items():
+        if entries:
+            fs.dircache[folder] = sorted(entries.values(), key=lambda e: e["name"])
+
+
 def _store_tree(
     url: str, storage_options: dict[str, Any] | None, timeouts: StoreTimeouts | None
 ) -> list[dict[str, Any]]:
@@ -700,7 +770,10 @@ def _store_tree(
     fs = filesystem(root, storage_options, timeouts)
     try:
         fs.invalidate_cache(root)  # a listing cached by this handle may be stale
-        found = _bounded(fs, url, "list", "find", timeouts, root, detail=True)
+        if hasattr(fs, "_call_s3") and not getattr(fs, "version_aware", False):
+            found = _s3_listing(fs, root, url, timeouts)
+        else:
+            found = _bounded(fs, url, "list", "find", timeouts, root, detail=True)
     except FileNotFoundError:
         found = {}
     except StoreError:

@@ -2,7 +2,8 @@
 on the requests a test picks, as S3 and the gateways in front of it do: a body that stops
 half-way and stays silent, a connection reset in the middle of a body, a ``Content-Length``
 longer than the body sent, an error status (503 SlowDown with or without ``Retry-After``,
-500, 403 ExpiredToken) in place of the answer.
+500, 403 ExpiredToken) in place of the answer, or an answer held back a while (a slow
+gateway: "delay", ``delay_s``).
 
     proxy = FaultyS3(upstream=server.get_host_and_port())
     proxy.add("GET", "day_0", "reset_mid", times=1)  # the next GET of a key holding "day_0"
@@ -42,9 +43,12 @@ class _Fault:
 class FaultyS3:
     """The proxy: ``add`` a fault, point the client at ``url``; ``close`` when done."""
 
-    def __init__(self, upstream: tuple[str, int], stall_s: float = 30.0) -> None:
+    def __init__(
+        self, upstream: tuple[str, int], stall_s: float = 30.0, delay_s: float = 0.5
+    ) -> None:
         self.upstream = upstream
         self.stall_s = stall_s
+        self.delay_s = delay_s
         self.faults: list[_Fault] = []
         self.seen: list[tuple[str, str, str]] = []
         self.closing = threading.Event()
@@ -71,7 +75,7 @@ class FaultyS3:
         retry_after: str | None = None,
     ) -> None:
         """Misbehave (``action``) on the next ``times`` requests of ``method`` whose path
-        holds ``needle``: "stall_mid", "reset_mid", "short", or one of ``_ERRORS``."""
+        holds ``needle``: "stall_mid", "reset_mid", "short", "delay", or one of ``_ERRORS``."""
         with self._lock:
             self.faults.append(_Fault(method, needle, action, times, retry_after))
 
@@ -110,6 +114,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.action in _ERRORS:
             self._error(fault)
             return
+        if fault is not None and fault.action == "delay":
+            self.owner.closing.wait(self.owner.delay_s)
         upstream = http.client.HTTPConnection(*self.owner.upstream, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
         upstream.request(self.command, self.path, body=body, headers=headers)
