@@ -446,17 +446,23 @@ class Pipeline:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def __del__(self) -> None:
+    def __del__(
+        self,
+        _getpid: Callable[[], int] = os.getpid,
+        _finalizing: Callable[[], bool] = sys.is_finalizing,
+    ) -> None:
+        # (Both bound now: one collected at the interpreter's teardown finds this module's
+        # ``os`` and ``sys`` None.)
         # A pipeline nobody can reach any more stops, as torch's DataLoader iterators end their
         # workers: one built per epoch and only iterated (no ``with``, no ``stop()``) kept its
         # launcher, its workers and its threads until the interpreter's exit, 3 processes and
         # 5 threads more every epoch. Its threads hold it only weakly (``_feed`` and the rest)
         # so that it can be collected at all.
-        if os.getpid() != getattr(self, "_owner_pid", None):
+        if _getpid() != getattr(self, "_owner_pid", None):
             return  # a copy in a forked launcher or worker: the pipeline is not its to stop
         if not getattr(self, "_started", False) or getattr(self, "_stopped", True):
             return
-        if sys.is_finalizing():
+        if _finalizing():
             return  # atexit stopped it already; no thread may start now
         # In a thread of its own: a collection runs wherever an allocation triggers it, and
         # a stop's waits there (another pipeline's start, a lock held) hold that caller up.

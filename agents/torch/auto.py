@@ -219,13 +219,19 @@ def _stateful_said(tuned: bool, why: str) -> None:
 def _also_ours(theirs: Callable[[Any], None]) -> Callable[[Any], None]:
     """A subclass's ``__del__`` that also runs ours, which stops the loader's pipelines (a
     persistent one's workers lived on after the loader): mosaicml-streaming's
-    ``StreamingDataLoader.__del__`` shuts torch's iterator down and never calls super()."""
+    ``StreamingDataLoader.__del__`` shuts torch's iterator down and never calls super().
+
+    Ours is taken now, not looked up as the loader is collected: one collected at the
+    interpreter's teardown, once this module's globals were cleared, printed "Exception
+    ignored in ... AttributeError: 'NoneType' object has no attribute '__del__'" at the end of
+    a training script (the clean run of tests/agents/torch, 2026-11-29 14:22)."""
+    ours = DataLoader.__del__
 
     def __del__(self: Any) -> None:
         try:
             theirs(self)
         finally:
-            DataLoader.__del__(self)
+            ours(self)
 
     return __del__
 

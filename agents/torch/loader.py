@@ -716,9 +716,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             for receiver in receivers:
                 receiver.stop()
 
-    def __del__(self) -> None:
-        # As torch's iterators do: workers do not outlive the loader.
-        if os.getpid() != getattr(self, "_owner_pid", None):
+    def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
+        # As torch's iterators do: workers do not outlive the loader. (``os.getpid`` bound
+        # now: one collected at the interpreter's teardown finds this module's ``os`` None.)
+        if _getpid() != getattr(self, "_owner_pid", None):
             return  # a forked copy (see _EpochIterator.__del__)
         try:
             if self._plans is not None:
@@ -1133,8 +1134,9 @@ class _EpochIterator:
         self._closed_early = self._closed_early or not self._done
         self._finish()
 
-    def __del__(self) -> None:
-        if os.getpid() != getattr(self, "_owner_pid", None):
+    def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
+        # (``os.getpid`` bound now: at the interpreter's teardown this module's ``os`` is None.)
+        if _getpid() != getattr(self, "_owner_pid", None):
             # A copy in a forked process: the pipeline's launcher is forked from the training
             # process, and a loader left there in a reference cycle (a loop ended by an
             # exception) is copied into it and every worker, whose garbage collection ran
