@@ -81,6 +81,8 @@ def generate(rng: random.Random) -> dict:
         "handler": rng.random() < 0.5,
         "bad": rng.randrange(4, 16),
         "plane": rng.choice(PLANES),
+        # Drawn last, so that the seeds drawn before it give the cases they gave.
+        "subclass": rng.random() < 0.3,
     }
 
 

@@ -5,7 +5,8 @@
 ``EXIT_CASE`` (JSON) says how: the loader (``dataset`` map or iterable, ``item`` a tensor,
 many tensors, numpy arrays or a dict, ``num_workers``, ``persistent``, ``pin_memory``,
 ``prefetch_factor``, ``hold`` where the script keeps it: a local, a global, a reference
-cycle, an object with ``__del__``; ``two`` a second loader alive beside it), and ``end``, what
+cycle, an object with ``__del__``; ``two`` a second loader alive beside it; ``subclass`` a
+library's subclass with a ``__del__`` of its own), and ``end``, what
 it does at batch ``at`` of epoch ``epoch``. ``EXIT_LOADER`` is ``torch`` or ``ours``. Just
 before it ends it writes the time to ``EXIT_MARK`` (the hunter times the exit from there).
 """
@@ -71,6 +72,14 @@ class Holder:
         self.loader = None
 
 
+class Closing(DataLoader):
+    """A library's loader subclass with a clean-up of its own that never calls
+    ``super().__del__()`` (mosaicml-streaming's ``StreamingDataLoader``)."""
+
+    def __del__(self):
+        self.closed = True
+
+
 def make_loader():
     workers = CASE["num_workers"]
     kwargs = {}
@@ -79,7 +88,7 @@ def make_loader():
         if CASE.get("prefetch_factor"):
             kwargs["prefetch_factor"] = CASE["prefetch_factor"]
     dataset = Rows() if CASE["dataset"] == "map" else Stream()
-    return DataLoader(
+    return (Closing if CASE.get("subclass") else DataLoader)(
         dataset,
         batch_size=4,
         shuffle=CASE["dataset"] == "map",
