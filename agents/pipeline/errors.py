@@ -26,6 +26,7 @@ class StageFailed(RuntimeError):
         traceback_text: str = "",
         error_type: str = "",
         source_seq: int = -1,
+        worker: int = -1,
     ) -> None:
         if seq == -1 and not error and not traceback_text:
             # Built from a message alone, as ``type(exc)(message)`` builds any exception (code
@@ -38,6 +39,10 @@ class StageFailed(RuntimeError):
         self.traceback_text = traceback_text
         self.error_type = error_type
         self.source_seq = source_seq
+        self.worker = worker
+        # Set where the error is raised as torch's DataLoader raises a worker's, in its words
+        # (``as_raised_type``): "in DataLoader worker process 0".
+        self.where = ""
         if not stage and seq == -1 and not traceback_text:
             super().__init__(error)
             return
@@ -45,6 +50,17 @@ class StageFailed(RuntimeError):
             f"stage '{stage}' failed on item {seq}: {error}\n"
             f"--- traceback in the worker ---\n{traceback_text}"
         )
+
+    def __str__(self) -> str:
+        if self.__dict__.get("where") and self.traceback_text:
+            # torch's ExceptionWrapper's words, which scripts and log searches look for; the
+            # stage and batch follow the worker's traceback.
+            kind = self.error_type.rsplit(":", 1)[-1].rsplit(".", 1)[-1] or "Exception"
+            return (
+                f"Caught {kind} {self.where}.\nOriginal {self.traceback_text.rstrip()}\n"
+                f"(stage '{self.stage}', batch {self.seq})"
+            )
+        return BaseException.__str__(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # It crosses process boundaries (a rank's trainer, a DDP worker, a test's child): an
@@ -88,7 +104,7 @@ def _rebuild(fields: tuple, source_seq: int, raised_type: bool) -> BaseException
 _BOTH_TYPES: dict[type, type | None] = {}
 
 
-def as_raised_type(failure: StageFailed) -> BaseException:
+def as_raised_type(failure: StageFailed, in_worker: bool = False) -> BaseException:
     """The stage's error as torch's DataLoader raises a worker's: of the type the dataset (or
     collate_fn, ...) raised, so that ``except KeyError`` in a training loop catches it.
 
@@ -98,7 +114,13 @@ def as_raised_type(failure: StageFailed) -> BaseException:
     combined (an extension type with an instance layout of its own), it is built from the
     message, as torch builds it, with the ``StageFailed`` as its cause; where that fails too
     (a constructor that wants other arguments), the ``StageFailed`` itself, a
-    ``RuntimeError``, as torch's fallback is. Either pickles and unpickles as itself."""
+    ``RuntimeError``, as torch's fallback is. Either pickles and unpickles as itself.
+
+    ``in_worker``: the loader has worker processes, so its message is torch's for a worker's
+    error ("Caught KeyError in DataLoader worker process 0.\nOriginal Traceback ...");
+    without them torch raises the error itself, and ours keeps its own words."""
+    if in_worker and failure.worker >= 0:
+        failure.where = f"in DataLoader worker process {failure.worker}"
     kind = _resolve_type(failure.error_type)
     if kind is None or not issubclass(kind, Exception) or isinstance(failure, kind):
         return failure
@@ -109,7 +131,7 @@ def as_raised_type(failure: StageFailed) -> BaseException:
                 (StageFailed, kind),
                 {
                     "__module__": kind.__module__,
-                    "__str__": BaseException.__str__,
+                    "__str__": StageFailed.__str__,
                     # StageFailed's arguments are not the original type's (OSError's __new__
                     # would read them as errno, strerror, filename, ...).
                     "__new__": _bare_new(kind),
@@ -122,7 +144,8 @@ def as_raised_type(failure: StageFailed) -> BaseException:
     both = _BOTH_TYPES[kind]
     args = (failure.stage, failure.seq, failure.error, failure.traceback_text, failure.error_type)
     if both is not None:
-        raised = both(*args, source_seq=failure.source_seq)
+        raised = both(*args, source_seq=failure.source_seq, worker=failure.worker)
+        raised.where = failure.where
         raised.__cause__ = failure.__cause__
         return raised
     try:

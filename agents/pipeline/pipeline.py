@@ -606,6 +606,7 @@ class Pipeline:
                     item.traceback_text,
                     item.error_type,
                     item.source_seq,
+                    worker=item.worker,
                 )
             return item
 

@@ -63,6 +63,7 @@ class Failure:
     traceback_text: str
     error_type: str = ""  # "module:qualname" of what was raised (error_type_name)
     source_seq: int = -1  # the failed item's number from the source (set by the collector)
+    worker: int = -1  # the stage's worker (its slot) that raised, where one did
 
 
 def error_type_name(exc: BaseException) -> str:
@@ -163,6 +164,7 @@ def _apply(
             f"{type(exc).__name__}: {exc}",
             traceback.format_exc(),
             error_type_name(exc),
+            worker=spec.slot,
         )
     return result, packet
 

@@ -1031,7 +1031,7 @@ class _EpochIterator:
                 # torch's single-process loader raises it to the loop, which a script's
                 # ``except Exception`` does not catch (its workers die of it: RuntimeError).
                 raise _as_itself(exc) from exc
-            raise as_raised_type(exc) from exc.__cause__
+            raise as_raised_type(exc, in_worker=self._num_workers > 0) from exc.__cause__
         except PipelineStopped:
             self._stats.taken(0)
             if exiting():

@@ -161,7 +161,9 @@ def test_a_failing_sample_raises_naming_the_stage_and_the_error():
     loader = DataLoader(Slow(20, ms=0, fail_at=6), batch_size=4, num_workers=2)
     got = []
     with pytest.raises(
-        StageFailed, match=r"stage 'fetch\+collate' failed.*KeyError: 'no row 6'"
+        StageFailed,
+        match=r"(?s)^Caught KeyError in DataLoader worker process \d.*KeyError: 'no row 6'\n"
+        r"\(stage 'fetch\+collate', batch 1\)$",
     ) as caught:
         for batch in loader:
             got.append(batch)

@@ -1,0 +1,69 @@
+"""An error raised in a loader's worker reaches the training loop worded as torch's
+DataLoader words it: "Caught KeyError in DataLoader worker process 0.", then "Original
+Traceback (most recent call last):" and the worker's traceback, the original error last (the
+words scripts and log searches look for); the stage and batch follow. Without workers torch
+raises the error itself, and ours holds its message.
+
+Before: "stage 'fetch+collate' failed on item 1: ValueError: row 13 is bad" and "--- traceback
+in the worker ---" (found by the exit hunter, seeds 7112 and 7122, 2026-11-29)."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+import torch
+
+from agents.torch import DataLoader
+
+
+class Odd(OSError):
+    pass
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, kind: type[Exception]) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        if i == 7:
+            raise self.kind(f"row {i} is bad")
+        return i
+
+
+def _first_error(loader_class, kind, workers: int) -> BaseException:
+    loader = loader_class(Rows(kind), batch_size=2, num_workers=workers)
+    with pytest.raises(kind) as raised:
+        for _ in loader:
+            pass
+    return raised.value
+
+
+def _shape(message: str) -> list[str]:
+    """The lines that must match torch's: the first two, and the original error's."""
+    lines = message.splitlines()
+    last = next(line for line in reversed(lines) if "row 7 is bad" in line)
+    return [re.sub(r"\d+", "N", lines[0]), lines[1], last]
+
+
+@pytest.mark.parametrize("kind", [ValueError, KeyError, Odd])
+def test_a_workers_error_reads_as_torchs(kind):
+    torchs = _first_error(torch.utils.data.DataLoader, kind, 2)
+    ours = _first_error(DataLoader, kind, 2)
+    assert _shape(str(ours)) == _shape(str(torchs)), str(ours)
+    assert str(ours).startswith(f"Caught {kind.__name__} in DataLoader worker process ")
+    assert "(stage 'fetch+collate', batch 3)" in str(ours)
+    again = pickle.loads(pickle.dumps(ours))  # a rank's or a child's error crosses processes
+    assert type(again).__name__ == kind.__name__ and str(again) == str(ours)
+
+
+@pytest.mark.parametrize("kind", [ValueError, KeyError])
+def test_without_workers_the_message_holds_the_errors_own_as_torchs(kind):
+    torchs = _first_error(torch.utils.data.DataLoader, kind, 0)
+    ours = _first_error(DataLoader, kind, 0)
+    assert str(torchs) in str(ours)
+    assert "DataLoader worker process" not in str(ours)
