@@ -145,9 +145,19 @@ def _rank_process(mark: str, rank: int) -> int | None:
 
 
 def _fault(case: dict, proc: subprocess.Popen, mark: str) -> None:
-    """The case's fault from outside, ``fault_after_s`` after the job started."""
+    """The case's fault from outside, ``fault_after_s`` after every rank's process started.
+
+    Counted from the ranks' start, not the job's: intune-run starts torchrun a few seconds
+    later on this loaded machine, so a fault at a fixed time from the job's start landed
+    before torchrun's signal handlers (exit -15 against torch's 1, seeds 5103, 5113) or
+    before the rank existed (no SIGKILL at all, seed 5112) in one run of the pair only."""
     if case.get("fault", "none") == "none":
         return
+    deadline = time.monotonic() + BOUND_S / 2
+    while any(_rank_process(mark, rank) is None for rank in range(case["ranks"])):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
     time.sleep(case["fault_after_s"])
     if proc.poll() is not None:
         return
