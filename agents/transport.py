@@ -9,7 +9,10 @@ request is therefore cut to what is left of the request's own deadline, kept per
 
 A request can also be cut at once from another thread (:class:`Cancel`): a training script
 that ends while ``intune-run`` still reads the job's stages from a control plane that accepts
-and never answers waited for that read's bound (up to 6 s) before it could exit.
+and never answers waited for that read's bound (up to 6 s) before it could exit; one that
+ended while the attach still connected to an address that drops packets waited out the
+connect's 5 s timeout (4.6 s after the script's end against torch's 0.1 s), so connects are
+cut too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import httpcore
 import httpx
+from httpcore._backends.sync import SyncStream
 
 
 class Cancelled(Exception):
@@ -34,9 +38,11 @@ class Cancel:
     """Cuts the requests of every client made with it, from any thread, at once.
 
     ``set()`` shuts down the clients' connections (a thread blocked reading an answer gets
-    end-of-file at once, which httpx raises as a ``RemoteProtocolError``) and refuses their
-    later connects and reads (``httpcore.ConnectError``). Not cut: a connect under way to an
-    address that drops packets, which keeps its own timeout."""
+    end-of-file at once, which httpx raises as a ``RemoteProtocolError``), their TCP connects
+    under way (a shutdown of a socket still waiting for the SYN's answer ends the connect at
+    once with ``ECONNRESET``, raised as ``httpcore.ConnectError``), and refuses their later
+    connects and reads (``httpcore.ConnectError``). Not cut: the name's lookup before a
+    connect (``getaddrinfo`` blocks in libc; an address given as an IP has none)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -63,8 +69,12 @@ class Cancel:
     def track(self, stream: httpcore.NetworkStream) -> None:
         """Cut ``stream`` at ``set()`` (at once if set already)."""
         sock = stream.get_extra_info("socket")
-        if not isinstance(sock, socket.socket):
-            return
+        if isinstance(sock, socket.socket):
+            self.track_socket(sock)
+
+    def track_socket(self, sock: socket.socket) -> None:
+        """Cut ``sock`` at ``set()``: its connect, reads and writes under way end then; raise
+        ``httpcore.ConnectError`` (``sock`` shut down) if set already."""
         with self._lock:
             if not self._set:
                 self._sockets.add(sock)
@@ -75,7 +85,8 @@ class Cancel:
 
 def _shut(sock: socket.socket) -> None:
     # shutdown, not close: a close from another thread leaves a recv blocked in it waiting
-    # on (Linux wakes no poll for a descriptor closed elsewhere); a shutdown ends it at once.
+    # on (Linux wakes no poll for a descriptor closed elsewhere); a shutdown ends it at once,
+    # and a connect still in SYN_SENT too (inet_shutdown disconnects it and wakes its poll).
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
 
@@ -152,12 +163,17 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         return _DeadlineStream(stream, self._cancel)
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001
-        if self._cancel is not None:
-            self._cancel.check()
-        timeout = _left(timeout, httpcore.ConnectTimeout)
-        return self._opened(
-            self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
-        )
+        if self._cancel is None:
+            timeout = _left(timeout, httpcore.ConnectTimeout)
+            return self._opened(
+                self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+            )
+        self._cancel.check()
+        sock = _connect_tcp(host, port, timeout, local_address, self._cancel)
+        for option in socket_options or []:
+            sock.setsockopt(*option)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self._opened(SyncStream(sock))
 
     def connect_unix_socket(self, path, timeout=None, socket_options=None):  # noqa: ANN001
         if self._cancel is not None:
@@ -167,6 +183,45 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
     def sleep(self, seconds: float) -> None:
         self._backend.sleep(seconds)
+
+
+def _connect_tcp(
+    host: str, port: int, timeout: float | None, local_address: str | None, cancel: Cancel
+) -> socket.socket:
+    """``socket.create_connection`` (what httpcore's own backend calls), each address's socket
+    handed to ``cancel`` before its connect starts, so that ``cancel.set()`` ends the connect
+    at once; httpcore's errors (``ConnectTimeout``, ``ConnectError``) as its backend raises
+    them."""
+    source = None if local_address is None else (local_address, 0)
+    try:
+        addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise httpcore.ConnectError(str(exc)) from exc
+    error: Exception = httpcore.ConnectError(f"{host}:{port} has no address")
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            cancel.track_socket(sock)
+            sock.settimeout(_left(timeout, httpcore.ConnectTimeout))
+            if source is not None:
+                sock.bind(source)
+            sock.connect(address)
+            return sock
+        except httpcore.ConnectError:
+            sock.close()
+            raise  # cancelled
+        except TimeoutError as exc:
+            sock.close()
+            error = httpcore.ConnectTimeout(str(exc))
+        except OSError as exc:
+            sock.close()
+            error = httpcore.ConnectError(str(exc))
+        except BaseException:
+            sock.close()
+            raise
+        if cancel.is_set():
+            raise httpcore.ConnectError(f"the connect to {host}:{port} was cancelled: {error}")
+    raise error
 
 
 # How long an idle connection to the control plane is kept for the next request. httpx's

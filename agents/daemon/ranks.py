@@ -29,8 +29,10 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -992,6 +994,9 @@ def _restate_workers(report: dict | None, allocation: Mapping[str, int]) -> None
         stage["busy_fraction"] = min(1.0, busy / count) if count else 0.0
 
 
+_STDLIB = os.path.dirname(threading.__file__) + os.sep
+
+
 class RankLink:
     """A rank's side: report to the host agent and apply what it sends (see the module doc).
 
@@ -1028,6 +1033,22 @@ class RankLink:
         self._hosting_lock = threading.Lock()  # around self.hosted's changes
         self._thread: threading.Thread | None = None
         self._lines: _Lines | None = None
+        # What the link's thread is inside that a stop cannot cut, and since when (monotonic):
+        # the pipeline's apply or metrics, the trainer's stats, starting or stopping a host
+        # agent. A stop that outlasts its bound says it (:meth:`stop`).
+        self._inside: tuple[str, float] | None = None
+        # Set by a stop that gave up waiting for the thread to start a host agent: the thread
+        # stops that agent itself as it ends.
+        self._hosted_left_to_thread = threading.Event()
+
+    @contextlib.contextmanager
+    def _uncut(self, what: str):
+        """Note that the link's thread is inside ``what`` (a call a stop cannot cut)."""
+        self._inside = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self._inside = None
 
     def start(self) -> RankLink:
         """Start the link's background thread."""
@@ -1037,18 +1058,74 @@ class RankLink:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop reporting; stop the host agent too when this rank hosts it."""
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop reporting, and the host agent too when this rank hosts it; return whether the
+        link's thread has ended (it is waited for at most ``timeout_s``).
+
+        The thread ends within a receive slice of the stop, unless it is inside a call that a
+        stop cannot cut: the pipeline's ``apply`` (a resize) or ``metrics``, the trainer's
+        stats, starting or stopping a host agent. Then ``stop`` returns ``False`` after
+        ``timeout_s`` and logs what the thread is inside, for how long and where; the thread
+        ends as that call returns (it applies nothing more; its answer meets a closed socket),
+        and stops the host agent it was starting itself. Calling ``stop`` again waits for it
+        again.
+
+        A stand-in pipeline whose ``apply`` blocked (the generated rank-moves test's muted
+        rank) held the thread past a 2 s stop; the test read the thread still alive after it.
+        """
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         lines = self._lines
         if lines is not None:
             lines.close()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        with self._hosting_lock:  # not while the link's thread is starting one
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+        ended = thread is None or not thread.is_alive() or thread is threading.current_thread()
+        if not ended:
+            log.warning(
+                "rank %d's link did not end within %g s of its stop: its thread is %s; it ends "
+                "when that returns",
+                self.rank, timeout_s, self._holding_it(thread),
+            )  # fmt: skip
+        # Not while the link's thread is starting a host agent: bounded, since host_here may
+        # take its time (the thread then stops the agent it started itself, in _run).
+        if not self._hosting_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._hosted_left_to_thread.set()
+            # The thread may have let go of the lock since, and be past its look at the flag.
+            if not self._hosting_lock.acquire(blocking=False):
+                log.warning(
+                    "rank %d's stop did not wait for its link's thread to start the host agent "
+                    "(%s); the thread stops that agent itself once it has started",
+                    self.rank, self._holding_it(thread),
+                )  # fmt: skip
+                return False
+        try:
             hosted, self.hosted = self.hosted, None
+        finally:
+            self._hosting_lock.release()
         if hosted is not None:
             hosted.stop()
+        return ended
+
+    def _holding_it(self, thread: threading.Thread | None) -> str:
+        """What the link's thread is inside and where (for the log of a stop it outlasted)."""
+        inside = self._inside
+        what = (
+            f"inside {inside[0]} for {time.monotonic() - inside[1]:.1f} s"
+            if inside is not None
+            else "not inside a call it is known to wait on"
+        )
+        frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
+        if frame is None:
+            return what
+        # The innermost calls outside Python's own library (threading's waits say nothing).
+        calls = [
+            f"{f.filename}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack(frame)
+            if not f.filename.startswith(_STDLIB)
+        ][-3:]
+        return f"{what}, at {' < '.join(reversed(calls))}"
 
     @property
     def hosting(self) -> bool:
@@ -1086,7 +1163,8 @@ class RankLink:
                 self.rank,
             )
             try:
-                stale.stop()
+                with self._uncut("stopping its old host agent"):
+                    stale.stop()
             except Exception:
                 log.exception("rank %d could not stop its old host agent", self.rank)
         log.info("rank %d hosts the agent for the host's %d ranks", self.rank, self.ranks)
@@ -1095,7 +1173,8 @@ class RankLink:
                 listener.close()
                 return None
             try:
-                self.hosted = self.host_here(listener)
+                with self._uncut("starting the host agent (host_here)"):
+                    self.hosted = self.host_here(listener)
             except Exception:
                 listener.close()
                 raise
@@ -1129,6 +1208,14 @@ class RankLink:
                 self.connected.clear()
                 self._lines.close()
                 self._lines = None
+        # A stop that gave up waiting while this thread started a host agent left it to us.
+        if not self._hosted_left_to_thread.is_set():
+            return
+        with self._hosting_lock:
+            hosted, self.hosted = self.hosted, None
+        if hosted is not None:
+            log.info("rank %d's link stops the host agent it started as it was stopped", self.rank)
+            hosted.stop()
 
     def _serve(self, lines: _Lines) -> None:
         lines.send(
@@ -1149,14 +1236,14 @@ class RankLink:
             if message is not None:
                 self._handle(lines, message)
             if time.monotonic() >= next_report:
-                lines.send(
-                    {
+                with self._uncut("the pipeline's metrics() or the trainer's stats"):
+                    report = {
                         "type": "report",
                         "stages": [stage_fields(m) for m in self.pipeline.metrics()],
                         "trainer": trainer_fields(self.trainer_stats()),
                         "allocation": dict(self.pipeline.allocation),
                     }
-                )
+                lines.send(report)
                 next_report += self.interval_s
                 if next_report < time.monotonic():
                     next_report = time.monotonic() + self.interval_s
@@ -1178,7 +1265,8 @@ class RankLink:
             log.info("rank %d stopped; not applying allocation %s", self.rank, message["workers"])
             return
         try:
-            self.pipeline.apply(dict(message["workers"]))
+            with self._uncut(f"the pipeline's apply({dict(message['workers'])})"):
+                self.pipeline.apply(dict(message["workers"]))
         except Exception as exc:  # the pipeline's own checks, or a failure to resize
             self.refused_total += 1
             log.warning(
@@ -1236,9 +1324,10 @@ class RankAttachment:
         """Allocations this rank applied."""
         return self.link.applied_total
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop reporting (and the host agent when this rank runs it); the pipeline goes on."""
-        self.link.stop(timeout_s)
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop reporting (and the host agent when this rank runs it); the pipeline goes on.
+        Whether the link's thread has ended (:meth:`RankLink.stop`)."""
+        return self.link.stop(timeout_s)
 
     def __enter__(self) -> RankAttachment:
         return self

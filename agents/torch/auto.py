@@ -41,8 +41,8 @@ _TORCH: type = torch.utils.data.DataLoader  # torch's own, kept before the patch
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, ...)
 _NUM_WORKERS_AT = 5
 # The attach asks the control plane for the job's stages (5 s at most) before it starts. At
-# exit that read is cut (_Tuned.cancel) and the attach ends at once; the bound is for what a
-# cut cannot reach (a connect to an address that drops packets: its own 5 s).
+# exit that read, or its connect, is cut (_Tuned.cancel) and the attach ends at once; the bound
+# is for what a cut cannot reach (the lookup of the control plane's host name, in libc).
 ATTACH_WAIT_AT_EXIT_S = 6.0
 
 

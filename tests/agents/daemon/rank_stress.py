@@ -256,15 +256,22 @@ class Host:
 
     # -- the end ----------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Let the muted ranks go, stop every link (bounded), then every hub."""
+    def stop(self) -> list[int]:
+        """Let the muted ranks go, stop every link (bounded), then every hub; return the ranks
+        whose link's thread had not ended when its stop returned.
+
+        The ranks that left are stopped again: a muted rank's link may have outlived its stop
+        inside its pipeline's apply (its stop said so); let go, it must end now."""
         for pipeline in self.pipelines:
             pipeline.release.set()
+        unended = []
         for rank, link in list(self.links.items()):
-            if rank not in self.left:
-                bounded(f"rank {rank}'s stop at the end", STOP_BOUND_S, link.stop, 2.0)
+            ended, _ = bounded(f"rank {rank}'s stop at the end", STOP_BOUND_S, link.stop, 2.0)
+            if not ended:
+                unended.append(rank)
         for hub in list(self.hubs):
             bounded("a hub's stop at the end", STOP_BOUND_S, hub.stop)
+        return unended
 
 
 def rank_threads() -> set[threading.Thread]:
@@ -306,6 +313,7 @@ class Tally:
     hangs: int = 0
     longest_apply_s: float = 0.0
     longest_stop_s: float = 0.0
+    outlived_stops: int = 0  # a muted rank's link held in its apply past its stop (said so)
 
 
 def _expected_share(hub: HostPipelines, rank: int) -> dict[str, int] | None:
@@ -373,10 +381,16 @@ def run_scenario(scenario: Scenario, tally: Tally) -> None:
                 if rank is None or rank not in host.links or rank in host.left:
                     continue
                 tally.takeovers += host.links[rank].hosting
-                _, took = bounded(
+                ended, took = bounded(
                     f"rank {rank}'s stop in {scenario}", STOP_BOUND_S, host.links[rank].stop, 2.0
                 )
                 tally.longest_stop_s = max(tally.longest_stop_s, took)
+                # Only a muted rank's apply may hold its link past the stop (its stop says so).
+                assert ended or host.pipelines[rank].muted.is_set(), (
+                    f"rank {rank}'s link outlived its stop(2.0) with nothing holding it in "
+                    f"{scenario}"
+                )
+                tally.outlived_stops += not ended
                 host.left.add(rank)
             elif kind == "cut" and operation[1] in host.links:
                 lines = host.links[operation[1]]._lines
@@ -400,8 +414,9 @@ def run_scenario(scenario: Scenario, tally: Tally) -> None:
         raise
     finally:
         host.stop_sampling()
-        host.stop()
+        unended = host.stop()
         ranks_module._process_lives = real_process_lives
+    assert not unended, f"ranks {unended}' links outlived their stop at the end in {scenario}"
     assert not host.over, f"the host ran more workers than allowed: {host.over} in {scenario}"
     left = sorted(t.name for t in rank_threads() - threads_before)
     assert not left, f"threads {left} left after stop in {scenario}"

@@ -41,8 +41,24 @@ SILENT_WHILE_SHRINKING = Scenario(
 )  # fmt: skip
 
 
+# The soak's one failure in 288 runs: rank 1's stand-in apply, muted, held its link's thread
+# past its stop(2.0) (a stop cannot cut a pipeline's apply); with every rank gone the case
+# ended at once, and the thread, let go a moment before, was read still alive (3 of 60 runs at
+# load 12 before RankLink.stop said whether its thread ended).
+MUTED_RANK_LEAVES_LAST_BUT_ONE = Scenario(
+    ranks=2,
+    busy=[0.5, 0.5],
+    rebalance_s=None,
+    operations=[
+        ("join", 0), ("join", 1), ("wait", 0.3), ("apply", ALIKE), ("mute", 1),
+        ("apply", {"read": 3, "parse": 3, "collate": 3}), ("leave", 1), ("leave", 0),
+    ],
+)  # fmt: skip
+
+
 @settings(RUNS, max_examples=int(os.environ.get("INTUNE_RANK_STRESS_SHORT", "12")))
 @example(scenario=SILENT_WHILE_SHRINKING)
+@example(scenario=MUTED_RANK_LEAVES_LAST_BUT_ONE)
 @given(scenario=scenarios(max_operations=8))
 def test_generated_rank_moves_finish_in_bounds_and_never_overrun_the_host(busy_cpus, scenario):  # noqa: F811
     run_scenario(scenario, SHORT)

@@ -30,6 +30,11 @@ JOB = json.loads(os.environ["RANK_JOB"])
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+# This rank's own settings over the job's (``per_rank``, the hunter's mixed cases): its
+# dataset, workers, persistence; ``no_loader`` (it trains on nothing the loader gives), ``loaders``
+# (that many more loaders built and iterated before the training one), ``delay_s`` (it starts
+# that much later), ``affinity`` (pinned to one CPU with os.sched_setaffinity).
+MINE = {**JOB, **JOB.get("per_rank", {}).get(str(RANK), {})}
 ROWS = JOB.get("rows", 48) * WORLD  # 12 batches of 4 a rank
 ITEM_S = JOB.get("item_s", 0.004)
 STEP_S = JOB.get("step_s", 0.1)  # a training step's time
@@ -98,6 +103,10 @@ def acting_rank() -> int | None:
 
 
 def main() -> int:
+    if MINE.get("affinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[RANK % len(cpus)]})
+    time.sleep(MINE.get("delay_s", 0.0))
     # Each restart's ranks meet under a prefix of their own: with the elastic agent's store
     # alone, a restarted rank read a dead rank's address from the round before and gloo failed
     # ("connectFullMesh failed ... Connection refused"), or hung, under plain torchrun too.
@@ -109,7 +118,22 @@ def main() -> int:
         "gloo", store=dist.PrefixStore(f"restart{RESTART}", store), rank=RANK, world_size=WORLD
     )
     dist.barrier()
-    if JOB["dataset"] == "map":
+    if MINE.get("no_loader"):
+        for _ in range(JOB["epochs"]):
+            time.sleep(12 * STEP_S)
+            if JOB.get("barrier_epochs"):
+                dist.barrier()
+        print(f"rank {RANK} (restart {RESTART}, pid {os.getpid()}) done: 0 rows, "
+              f"reached={reached()}", flush=True)  # fmt: skip
+        dist.destroy_process_group()
+        return 0
+    for extra in range(MINE.get("loaders", 0)):
+        # Other loaders first (a validation set, a calibration pass), each iterated once.
+        other = DataLoader(Rows(), batch_size=4, sampler=range(4 * (extra + 1)),
+                           num_workers=1 + extra % 2)  # fmt: skip
+        for _ in other:
+            time.sleep(STEP_S / 2)
+    if MINE["dataset"] == "map":
         dataset = Rows()
         sampler = DistributedSampler(dataset, shuffle=True, seed=JOB.get("seed", 0))
     else:
@@ -122,13 +146,13 @@ def main() -> int:
         for _ in val:
             time.sleep(STEP_S)
         time.sleep(JOB.get("val_pause_s", 0.0))
-    workers = JOB["num_workers"]
+    workers = MINE["num_workers"]
     loader = DataLoader(
         dataset,
         batch_size=4,
         sampler=sampler,
         num_workers=workers,
-        persistent_workers=JOB["persistent"] and workers > 0,
+        persistent_workers=MINE["persistent"] and workers > 0,
     )
     acting = None  # decided at the action's batch (the host agent is up by then)
     seen = 0
@@ -159,6 +183,8 @@ def main() -> int:
                     if action == "sigkill":
                         os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(STEP_S * (3 if acting and JOB["action"] == "slow" else 1))
+        if JOB.get("barrier_epochs"):
+            dist.barrier()  # a gloo barrier between epochs, while the host's ranks may move
     print(
         f"rank {RANK} (restart {RESTART}, pid {os.getpid()}) done: {seen} rows, reached={reached()}",
         flush=True,
