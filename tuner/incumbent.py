@@ -25,6 +25,21 @@ rules, each a plain comparison of measured means against their noise:
   near-tie the model ranks just below hold would never be measured (on the twin ``small-8c``
   the optimum is such a move; intune found it before these rules only because noise pushed it
   there).
+- **Step back from an oversubscribed stage.** When one stage of the incumbent, one worker
+  fewer, still asks for every CPU of the host (:func:`tuner.actions.oversubscribed_stage`), the
+  incumbent's untried neighbours that take one worker from it (one worker fewer, or the worker
+  moved to another stage) are measured whatever their predicted gain, once the
+  incumbent has ``STEP_BACK_READINGS`` readings, at most once every ``STEP_BACK_EVERY``
+  decisions. The model prices that step with CPUs time-sliced at no cost, and that is where it
+  is wrong: DLRM fused on the 2-core host, the fused stage at 3 workers and prefetch 1, the model
+  rated the step back to 2 between -0.054 and +0.031 over hold (Q, in log throughput; never
+  above the move's one noise) and the move to 2 with prefetch 2 at -0.26 to -0.34, far outside
+  the probe's reach, while the quiet machine's sweep measured that one 7% faster; intune
+  held 3 for 35 decisions (the run of 2026-11-29 14:06, its decision log). Fewer readings
+  than a probe's: in that run no probe was made though "remove 1 worker" was rated within its
+  reach from the 25th decision on, so the incumbent never had its ``PER_ALLOCATION`` readings;
+  the samples/s swung from 50,000 to 200,000 under the host's load (average 4 to 12), and a
+  jump beyond ``MIN_CHANGE`` clears the table.
 - **Back to the best when a move measures worse.** On an allocation that is not the incumbent,
   the tuner returns to the incumbent once the gap exceeds ``Z`` standard errors of the
   difference, or after ``TRIAL_READINGS`` readings; inside the noise it measures again first.
@@ -60,6 +75,8 @@ MOVE_SIGMAS = 1.0
 PROBE_SIGMAS = 2.0
 PROBE_EVERY = 16
 TRIAL_READINGS = 2
+STEP_BACK_READINGS = 4
+STEP_BACK_EVERY = 8
 PRIOR_NOISE = 0.03
 PRIOR_DOF = 1.0
 MIN_NOISE = 0.005
@@ -166,6 +183,17 @@ class MeasuredAllocations:
             entry is not None
             and entry[1] >= PER_ALLOCATION
             and self.step - self.last_probe >= PROBE_EVERY
+        )
+
+    def may_step_back(self, current: tuple) -> bool:
+        """Whether ``current`` has ``STEP_BACK_READINGS`` readings and no probe was made in
+        ``STEP_BACK_EVERY`` decisions: time to measure a step back from an oversubscribed
+        stage (:meth:`probed` notes it)."""
+        entry = self.table.get(current)
+        return (
+            entry is not None
+            and entry[1] >= STEP_BACK_READINGS
+            and self.step - self.last_probe >= STEP_BACK_EVERY
         )
 
     def probed(self) -> None:
