@@ -253,8 +253,9 @@ class IntuneTuner:
             if action == 0 and self.measured.may_step_back(current):
                 step_back = self._untried_step_back(observation, state, valid, measured, worker_cpu)
                 if step_back:
-                    self.measured.probed()
-                    return int(step_back[np.argmax(q[step_back])]), "step back", None
+                    action = int(step_back[np.argmax(q[step_back])])
+                    self.measured.probed(allocation_key(observation, state.allocations[action]))
+                    return action, "step back", None
             if action == 0 and self.measured.settled(current):
                 probe_floor = q[0] - PROBE_SIGMAS * sigma
                 untried = [
