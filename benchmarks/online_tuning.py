@@ -661,11 +661,14 @@ def decision_log(decisions: list[dict], started: float) -> list[dict]:
                 "action": d.get("action"),
                 "explored": (d.get("info") or {}).get("explored"),
                 # intune's measured-best rule behind the move (tuner.incumbent): "incumbent",
-                # "measure", "onward", "return", "probe" or "policy".
+                # "measure", "onward", "return", "probe", "step back" or "policy".
                 "measured_best": (d.get("info") or {}).get("measured_best"),
                 # intune's online gradient steps so far: does learning move the final window?
                 "learn_steps": (d.get("info") or {}).get("learn_steps"),
                 "reward": d.get("reward"),
+                # What the tuner expected of each move (hold's Q against the others'): why it
+                # took one and never tried another.
+                "q_values": d.get("q_values"),
             }
         )
     return log

@@ -135,6 +135,45 @@ def _slot_counter(observation: Observation, cost: np.ndarray):
     return slots
 
 
+def _group_cost(observation: Observation, cost: np.ndarray) -> np.ndarray:
+    """Per stage, the CPU slots one more of its workers takes: its group's where a fused
+    layout is in force (a fused worker runs all its stages, :func:`agents.budget.group_budgets`)."""
+    group_cost = cost.copy()
+    if observation.layout and any(len(group) > 1 for group in observation.layout):
+        names = [s.name for s in observation.stages]
+        groups = group_budgets(observation.layout, _stage_budgets(names, cost))
+        for group, counted in zip(observation.layout, groups, strict=True):
+            for name in group:
+                group_cost[names.index(name)] = counted.worker_cpu
+    return group_cost
+
+
+def oversubscribed_stage(
+    observation: Observation, worker_cpu: Mapping[str, float] | None = None
+) -> int | None:
+    """The stage whose workers alone, one fewer, still ask for every CPU of the host (CPU
+    slots, :mod:`agents.budget`), else ``None``; the one holding the most slots if several.
+
+    Such a stage can never run all its workers at once: by the capacity model (the CPUs
+    time-sliced among the workers at no cost) its last worker only takes CPU share from its
+    neighbours, and it is that no-cost slicing a measurement must check. On the 2-core host,
+    DLRM fused, the model rated the fused stage's third worker a gain and the step back to 2
+    with prefetch 2 a loss of 26 to 34% (Q over hold), while the quiet machine's sweep measured
+    that allocation 7% faster (docs/benchmarks.md, "DLRM fused on the quiet machine"). A
+    stage that holds fewer (8 workers of 16 CPUs) is left to the model: on the default twin
+    suite, stepping back wherever the whole allocation asked for a worker's CPU more than the
+    host has cost intune 0.5% at the median and 1.2% at the worst (150 decisions, 3 seeds),
+    its twins' time slicing being free.
+    """
+    names = [s.name for s in observation.stages]
+    cost = _group_cost(observation, np.array([(worker_cpu or {}).get(n, 1.0) for n in names]))
+    workers = np.array([s.workers for s in observation.stages], dtype=float)
+    cpus = max(observation.host.cpus, 1.0)
+    held = (workers - 1.0) * cost
+    largest = int(np.argmax(held))
+    return largest if held[largest] >= cpus - 1e-9 else None
+
+
 def encode(
     observation: Observation,
     memory: MemoryEstimator,
@@ -172,13 +211,7 @@ def encode(
     slots_of = _slot_counter(observation, cost)
     slots = slots_of(workers)  # CPU slots the allocation in force takes
     fused = bool(observation.layout) and any(len(group) > 1 for group in observation.layout)
-    # Slots an added worker of a stage takes: its group's (a fused worker runs all its stages).
-    group_cost = cost.copy()
-    if fused:
-        groups = group_budgets(observation.layout, _stage_budgets(names, cost))
-        for group, counted in zip(observation.layout, groups, strict=True):
-            for name in group:
-                group_cost[names.index(name)] = counted.worker_cpu
+    group_cost = _group_cost(observation, cost)
     caps = [
         StageBudget(s.name, s.max_workers, float(c)).most_workers or int(budget)
         for s, c in zip(stages, cost, strict=True)

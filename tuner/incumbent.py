@@ -25,6 +25,23 @@ rules, each a plain comparison of measured means against their noise:
   near-tie the model ranks just below hold would never be measured (on the twin ``small-8c``
   the optimum is such a move; intune found it before these rules only because noise pushed it
   there).
+- **Step back from an oversubscribed stage.** When one stage of the incumbent, one worker fewer,
+  still asks for every CPU of the host (:func:`tuner.actions.oversubscribed_stage`), the
+  incumbent's untried neighbours that take one worker from it (one worker fewer, or the worker
+  moved to another stage) are measured whatever their predicted gain, once the incumbent has
+  ``STEP_BACK_READINGS`` readings, at most once every ``STEP_BACK_EVERY`` decisions; one measured
+  is kept ``FAR_LOSER_STALE`` decisions, not ``STALE`` (on the twin ``loader-01-16c-2st``, 17
+  workers on 16 CPUs, the step backs came back every 40 decisions and cost intune up to 1.3% of the
+  optimum). The model prices that step with CPUs time-sliced at no cost, and that is where it is
+  wrong: DLRM fused on the 2-core host, the fused stage at 3 workers and prefetch 1, the model
+  rated the step back to 2 between -0.054 and +0.031 over hold (Q, in log throughput; never above
+  the move's one noise) and the move to 2 with prefetch 2 at -0.26 to -0.34, far outside the
+  probe's reach, while the quiet machine's sweep measured that one 7% faster; intune held 3 for 35
+  decisions (the run of 2026-11-29 14:06, its decision log). Fewer readings than a probe's: in that
+  run no probe was made though "remove 1 worker" was rated within its reach from the 25th decision
+  on, so the incumbent never had its ``PER_ALLOCATION`` readings; the samples/s swung from 50,000
+  to 200,000 under the host's load (average 4 to 12), and a jump beyond ``MIN_CHANGE`` clears the
+  table.
 - **Back to the best when a move measures worse.** On an allocation that is not the incumbent,
   the tuner returns to the incumbent once the gap exceeds ``Z`` standard errors of the
   difference, or after ``TRIAL_READINGS`` readings; inside the noise it measures again first.
@@ -60,6 +77,8 @@ MOVE_SIGMAS = 1.0
 PROBE_SIGMAS = 2.0
 PROBE_EVERY = 16
 TRIAL_READINGS = 2
+STEP_BACK_READINGS = 4
+STEP_BACK_EVERY = 8
 PRIOR_NOISE = 0.03
 PRIOR_DOF = 1.0
 MIN_NOISE = 0.005
@@ -99,10 +118,13 @@ class MeasuredAllocations:
         # allocations and kept across forget(): the noise of the host outlives what was measured.
         self.squares = 0.0
         self.dof = 0.0
+        # Keys a step back from an oversubscribed stage measured: kept FAR_LOSER_STALE.
+        self.step_backs: set[tuple] = set()
 
     def forget(self) -> None:
         """Drop every measurement (the host changed)."""
         self.table.clear()
+        self.step_backs.clear()
         self.changes += 1
 
     def update(self, observation: Observation) -> str | None:
@@ -117,9 +139,12 @@ class MeasuredAllocations:
         best = max((v[0] for v in self.table.values()), default=-math.inf)
         for key in [
             k for k, v in self.table.items()
-            if self.step - v[3] > (FAR_LOSER_STALE if best - v[0] > MIN_CHANGE else STALE)
+            if self.step - v[3] > (
+                FAR_LOSER_STALE if best - v[0] > MIN_CHANGE or k in self.step_backs else STALE
+            )
         ]:  # fmt: skip
             del self.table[key]
+            self.step_backs.discard(key)
         if changed:
             self.forget()
         last_idle, self.last_idle = self.last_idle, observation.trainer_idle_fraction
@@ -168,9 +193,23 @@ class MeasuredAllocations:
             and self.step - self.last_probe >= PROBE_EVERY
         )
 
-    def probed(self) -> None:
-        """Note that an untried neighbour is being measured now."""
+    def may_step_back(self, current: tuple) -> bool:
+        """Whether ``current`` has ``STEP_BACK_READINGS`` readings and no probe was made in
+        ``STEP_BACK_EVERY`` decisions: time to measure a step back from an oversubscribed
+        stage (:meth:`probed` notes it)."""
+        entry = self.table.get(current)
+        return (
+            entry is not None
+            and entry[1] >= STEP_BACK_READINGS
+            and self.step - self.last_probe >= STEP_BACK_EVERY
+        )
+
+    def probed(self, step_back: tuple | None = None) -> None:
+        """Note that an untried neighbour is being measured now; ``step_back``, its key when it
+        is a step back from an oversubscribed stage (kept ``FAR_LOSER_STALE`` once measured)."""
         self.last_probe = self.step
+        if step_back is not None:
+            self.step_backs.add(step_back)
 
     def mean(self, key: tuple) -> float | None:
         """Mean log throughput measured at ``key``; None when never measured."""
@@ -216,6 +255,7 @@ class MeasuredAllocations:
             "squares": self.squares,
             "dof": self.dof,
             "host": list(self.host) if self.host is not None else None,
+            "step_backs": [[[list(g) for g in k[0]], list(k[1])] for k in self.step_backs],
             "table": [[[list(g) for g in k[0]], list(k[1]), *v] for k, v in self.table.items()],
         }
 
@@ -229,6 +269,10 @@ class MeasuredAllocations:
         self.squares = float(state.get("squares", 0.0))
         self.dof = float(state.get("dof", 0.0))
         self.host = tuple(state["host"]) if state["host"] is not None else None
+        self.step_backs = {
+            (tuple(tuple(g) for g in layout), tuple(int(w) for w in workers))
+            for layout, workers in state.get("step_backs", [])  # older checkpoints: none
+        }
         self.table = {
             (tuple(tuple(g) for g in layout), tuple(int(w) for w in workers)): [
                 float(x) for x in rest

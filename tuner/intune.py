@@ -21,7 +21,13 @@ import torch
 import torch.nn.functional as functional
 
 from agents.budget import WorkerCpuMeter
-from tuner.actions import EncodedState, encode, estimated_capacity, measure_worker_cpu
+from tuner.actions import (
+    EncodedState,
+    encode,
+    estimated_capacity,
+    measure_worker_cpu,
+    oversubscribed_stage,
+)
 from tuner.capacity import CapacityFit, HostContentionFit
 from tuner.incumbent import MOVE_SIGMAS, PROBE_SIGMAS, MeasuredAllocations, Z, allocation_key
 from tuner.intune_config import IntuneConfig
@@ -190,7 +196,9 @@ class IntuneTuner:
         if explored:
             action = int(self.rng.choice(valid))
         elif self.uses_measured_best and observation.throughput > 0:
-            action, verdict, allocation = self._hold_measured_best(observation, state, q, valid)
+            action, verdict, allocation = self._hold_measured_best(
+                observation, state, q, valid, worker_cpu
+            )
         else:
             action = int(valid[np.argmax(q[valid])])
         if allocation is None:
@@ -218,7 +226,9 @@ class IntuneTuner:
             },
         )
 
-    def _hold_measured_best(self, observation: Observation, state: EncodedState, q, valid):
+    def _hold_measured_best(
+        self, observation: Observation, state: EncodedState, q, valid, worker_cpu=None
+    ):
         """The action under :mod:`tuner.incumbent`'s rules: ``(action, verdict, allocation)``,
         ``allocation`` set only when the incumbent is no single action away."""
         current = allocation_key(observation)
@@ -240,6 +250,12 @@ class IntuneTuner:
                 )
             ] or list(valid)  # fmt: skip
             action = int(allowed[np.argmax(q[allowed])])
+            if action == 0 and self.measured.may_step_back(current):
+                step_back = self._untried_step_back(observation, state, valid, measured, worker_cpu)
+                if step_back:
+                    action = int(step_back[np.argmax(q[step_back])])
+                    self.measured.probed(allocation_key(observation, state.allocations[action]))
+                    return action, "step back", None
             if action == 0 and self.measured.settled(current):
                 probe_floor = q[0] - PROBE_SIGMAS * sigma
                 untried = [
@@ -268,6 +284,27 @@ class IntuneTuner:
             if state.allocations[int(i)] == target[1]:
                 return int(i), "return", None
         return 0, "return", target[1]
+
+    @staticmethod
+    def _untried_step_back(observation, state, valid, measured, worker_cpu) -> list[int]:
+        """The untried actions that take one worker from a stage whose workers alone, one
+        fewer, still ask for every CPU (:func:`tuner.actions.oversubscribed_stage`): removed
+        (one worker fewer) or moved to another stage (as many). :mod:`tuner.incumbent` measures
+        these whatever their predicted gain: the gain rests on CPUs time-sliced at no cost,
+        which is what an oversubscribed stage puts in doubt."""
+        largest = oversubscribed_stage(observation, worker_cpu)
+        if largest is None:
+            return []
+        base = [s.workers for s in observation.stages]
+        steps = []
+        for i in valid:
+            new = state.allocations[int(i)]
+            if i == 0 or new in measured or new[largest] != base[largest] - 1:
+                continue
+            others = [n - b for k, (n, b) in enumerate(zip(new, base, strict=True)) if k != largest]
+            if min(others, default=0) >= 0 and sum(others) <= 1:
+                steps.append(int(i))
+        return steps
 
     @property
     def uses_measured_best(self) -> bool:

@@ -13,7 +13,8 @@ Where the tuners' model is wrong (:mod:`tuner.scenario`'s keys of issue 15): ``w
 by the Universal Scalability Law's ``1 + serial_fraction (w - 1) + coherency w (w - 1)``; the
 memory-bound part of every stage's CPU time stretches by the host's bandwidth slowdown
 ``max(1, sum(w * memory_bound) / memory_bandwidth)``; and a stage's wait grows to
-``wait (1 + wait_growth (w - 1))``.
+``wait (1 + wait_growth (w - 1))``; past the CPUs, the host's ``oversubscription`` ``k`` leaves
+the pipeline ``C / (1 + k (D / C - 1))`` of its ``C`` CPUs, ``D`` the CPUs its workers ask for.
 """
 
 from __future__ import annotations
@@ -66,7 +67,14 @@ def cpu_share(scenario: Scenario, host: HostState, allocation: Sequence[int]) ->
     """Fraction of what it asks each worker gets: ``min(1, C / sum(w * demand))``."""
     us, wait = stage_times(scenario, allocation)
     demand = sum(w * (u / (u + t)) for w, u, t in zip(allocation, us, wait, strict=False))
-    return min(1.0, host.effective_cpus / demand) if demand > 0 else 1.0
+    if demand <= 0:
+        return 1.0
+    cpus = host.effective_cpus
+    if cpus > 0 and demand > cpus:
+        # Oversubscribed: time slicing itself costs CPU time. Still falls as workers grow, so
+        # tuner.optimum's search stays exact.
+        cpus /= 1.0 + scenario.oversubscription * (demand / cpus - 1.0)
+    return min(1.0, cpus / demand)
 
 
 def stage_rates(scenario: Scenario, host: HostState, allocation: Sequence[int]) -> np.ndarray:

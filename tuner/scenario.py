@@ -19,7 +19,11 @@ without them behave as before):
   workers cost the others capacity;
 - a stage's ``wait_growth``: its wait per sample grows by this fraction per extra worker (a remote
   service that queues under concurrency), so workers of a waiting stage add less and less;
-- an event's ``consumer_samples_per_s``: the trainer's rate changes mid-run.
+- an event's ``consumer_samples_per_s``: the trainer's rate changes mid-run;
+- the host's ``oversubscription``: once the workers ask for more CPU than there is, the CPUs
+  lose this fraction of their time per CPU's worth of demand beyond them (context switches, caches
+  refilled after each), so a stage's throughput falls past the host's cores where the tuners'
+  model (CPUs time-sliced at no cost) says a worker more still takes a larger share.
 """
 
 from __future__ import annotations
@@ -109,6 +113,7 @@ class Scenario:
     events: tuple[Event, ...] = field(default_factory=tuple)
     worker_budget: int | None = None
     memory_bandwidth: float | None = None
+    oversubscription: float = 0.0
 
     @property
     def stage_names(self) -> list[str]:
@@ -234,6 +239,7 @@ def scenario_from_dict(raw: dict) -> Scenario:
     bandwidth = host.get("memory_bandwidth")
     if bandwidth is not None:
         bandwidth = float(_number(host, "memory_bandwidth", where))
+    oversubscription = _fraction(host, "oversubscription", f"{where} host")
     return Scenario(
         name=name,
         cpus=float(_number(host, "cpus", where)),
@@ -244,6 +250,7 @@ def scenario_from_dict(raw: dict) -> Scenario:
         events=tuple(events),
         worker_budget=budget,
         memory_bandwidth=bandwidth,
+        oversubscription=oversubscription,
     )
 
 
@@ -254,6 +261,8 @@ def scenario_to_dict(scenario: Scenario) -> dict:
         host["worker_budget"] = scenario.worker_budget
     if scenario.memory_bandwidth is not None:
         host["memory_bandwidth"] = scenario.memory_bandwidth
+    if scenario.oversubscription:  # written only when set, so older files stay as they were
+        host["oversubscription"] = scenario.oversubscription
     events = []
     for event in scenario.events:
         entry: dict[str, Any] = {"at_step": event.at_step}
