@@ -687,8 +687,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         and for a short epoch that is its end (48 rows in batches of 4, 2 workers: ours had
         read all 12 batches when the loop left at its second, torch 6). An epoch left early
         then drew that extra number in ours and not in torch's, and every later epoch's
-        shuffle differed from torch's (HuggingFace ``datasets`` through the library hunter,
-        ``tests/agents/torch/library_hunt.py``). Undone only where the generator has not been
+        shuffle differed from torch's (HuggingFace ``datasets``' ``with_format("torch")``,
+        compared by hand, now ``tests/agents/torch/test_intune_run_gives_torchs_batches_
+        through_huggingface_datasets.py``). Undone only where the generator has not been
         drawn from since (the script's own draws, or a read still under way, stay as they are)."""
         end, self._sampler_end = self._sampler_end, None
         place, generator = self._place, self.generator

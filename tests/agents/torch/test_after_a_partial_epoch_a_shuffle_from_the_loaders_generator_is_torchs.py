@@ -5,8 +5,9 @@ A ``RandomSampler`` draws once more from the generator when it is exhausted (tor
 sampler.py). torch reads the sampler ``prefetch_factor * num_workers`` batches ahead of the
 training loop (none with ``num_workers=0``); ours reads as far as its queues allow, which for
 a short epoch is its end. So an epoch left early had drawn that extra number in ours and not
-in torch's, and every later epoch's order differed: HuggingFace ``datasets`` through the
-library hunter (``tests/agents/torch/library_hunt.py``): 48 rows, batches of 4, 2 workers,
+in torch's, and every later epoch's order differed: HuggingFace ``datasets``, compared by hand
+with torch under ``intune-run`` (now ``test_intune_run_gives_torchs_batches_through_
+huggingface_datasets.py``): 48 rows, batches of 4, 2 workers,
 ``shuffle=True`` with a seeded ``generator``, left at batch 3 of 12: the second epoch's first
 batch ``[43, 18, 23, 20]``, torch's ``[0, 40, 3, 34]``. Ours now undoes that draw when the
 next epoch starts where torch's iterator would not have made it
@@ -85,7 +86,8 @@ def test_after_a_partial_epoch_the_next_shuffles_are_torchs(case):
 
 
 def test_an_epoch_left_a_quarter_in_with_two_workers_shuffles_the_next_as_torch():
-    """The library hunter's case: torch's prefetch stops short of the end, ours reached it."""
+    """The case found with ``datasets``: torch's prefetch stops short of the end, ours reached
+    it."""
     case = {"items": 48, "batch_size": 4, "num_workers": 2, "persistent": False,
             "prefetch_factor": None, "leave_at": 3, "seed": 4}  # fmt: skip
     assert epochs(DataLoader, case) == epochs(tud.DataLoader, case)
