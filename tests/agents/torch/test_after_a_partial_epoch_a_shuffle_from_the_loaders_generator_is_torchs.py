@@ -11,7 +11,9 @@ huggingface_datasets.py``): 48 rows, batches of 4, 2 workers,
 ``shuffle=True`` with a seeded ``generator``, left at batch 3 of 12: the second epoch's first
 batch ``[43, 18, 23, 20]``, torch's ``[0, 40, 3, 34]``. Ours now undoes that draw when the
 next epoch starts where torch's iterator would not have made it
-(``DataLoader._unread_sampler_end``). This was an xfail (known difference) before.
+(``DataLoader._unread_sampler_end``), and a persistent loader's feeder asks whether its epoch
+is still the current one before each read of the sampler, not after (``_Plans.feed``). This
+was an xfail (known difference) before.
 
 Not covered: where torch reads the end and ours has not yet (ours reads at least as far as
 torch's prefetch, but from a thread of its own); the loop here takes a short step before it
@@ -90,4 +92,13 @@ def test_an_epoch_left_a_quarter_in_with_two_workers_shuffles_the_next_as_torch(
     it."""
     case = {"items": 48, "batch_size": 4, "num_workers": 2, "persistent": False,
             "prefetch_factor": None, "leave_at": 3, "seed": 4}  # fmt: skip
+    assert epochs(DataLoader, case) == epochs(tud.DataLoader, case)
+
+
+def test_a_persistent_feeder_held_at_a_full_queue_reads_no_more_of_an_epoch_left():
+    """Generated (hypothesis): the feeder, held at its yield when the epoch was left, read one
+    more of that epoch's sampler as it woke, after the next epoch's shuffle; that read was the
+    sampler's end, which drew from the generator: the third epoch was not torch's."""
+    case = {"items": 26, "batch_size": None, "num_workers": 1, "persistent": True,
+            "prefetch_factor": None, "leave_at": 14, "seed": 0}  # fmt: skip
     assert epochs(DataLoader, case) == epochs(tud.DataLoader, case)
