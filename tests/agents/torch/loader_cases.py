@@ -328,11 +328,13 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
     for e in range(count):
         action = draw(st.sampled_from(["full", "full", "break", "del", "new_iter", "close"]))
         if sampling == "shuffle" and e < count - 1:
-            # A known difference, not generated (test_a_partial_epoch_then_a_shuffle...):
-            # torch reads the sampler prefetch_factor * num_workers batches ahead (none with
-            # num_workers=0), ours as far as its queues allow; a RandomSampler draws from the
-            # loader's generator once more when exhausted, so after a partial epoch that ours
-            # read to its end the next epoch's order differs from torch's.
+            # Not generated (test_after_a_partial_epoch_a_shuffle_from_the_loaders_generator_
+            # is_torchs.py): a RandomSampler draws from the loader's generator once more when
+            # exhausted; torch reads the sampler prefetch_factor * num_workers batches ahead,
+            # ours further. The draw torch would not have made is undone at the next iter()
+            # (DataLoader._unread_sampler_end), but where our source is still reading then (a
+            # slow case on a loaded host, the old iterator held) it can come after the next
+            # epoch's shuffle, which then differs from torch's.
             action = "full"
         epochs.append((action,) if action == "full" else (action, draw(st.integers(0, 8))))
     if where == "stall":
