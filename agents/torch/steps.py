@@ -31,6 +31,7 @@ import os
 import random
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,31 @@ class SamplerFailed:
     error: str  # "Type: message"
     traceback_text: str
     error_type: str  # "module:qualname"
+
+
+@dataclass(frozen=True)
+class BatchFailed:
+    """The payload in place of an IterableDataset reader's batch that raised, in the reader
+    (its rows, its ``__iter__``, its ``worker_init_fn``) or in a step after it
+    (``collate_fn``): it passes through every later stage untouched, and the consumer raises
+    it at that reader's turn, as torch raises a worker's error when the worker's turn comes
+    round. The item keeps the batch's seed, which tells the consumer's ``_ReaderTurns`` whose
+    turn it is; raised by the runtime instead (an error carries no seed), it came as it came:
+    a reader that ran ahead of a slower one had its error raised before the slower one's
+    batches of the turns before it (the parity hunter's seed 2110)."""
+
+    step: str  # the step that raised: "read", "collate", a transform's name
+    error: str  # "Type: message"
+    traceback_text: str
+    error_type: str  # "module:qualname"
+
+    @classmethod
+    def of(cls, step: str, exc: BaseException) -> BatchFailed:
+        """What ``exc``, being handled in ``step``, becomes (as the runtime's ``Failure``)."""
+        from agents.pipeline.worker import error_type_name
+
+        return cls(step, f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                   error_type_name(exc))  # fmt: skip
 
 
 # The process that a WorkerSetup has set up (a forked child inherits its parent's pid here).
@@ -383,19 +409,27 @@ class Step:
     per_sample: bool = False
     batched: bool = True
     position: int = 0
+    # The step's name; set for an IterableDataset's steps only, whose error then goes on as
+    # the batch (BatchFailed) to be raised at its reader's turn.
+    name: str = ""
 
     def __call__(self, item: Item) -> Item:
         """Apply the step to one item."""
         epoch, samples, payload, seed = item
-        if isinstance(payload, EpochEnd | SamplerFailed | Skipped):
+        if isinstance(payload, EpochEnd | SamplerFailed | Skipped | BatchFailed):
             return item
-        self.setup.ensure()
-        if self.setup.repeatable:
-            seed_generators(fold(seed, self.position))
-        if self.per_sample and self.batched:
-            payload = [self.fn(sample) for sample in payload]
-        else:
-            payload = self.fn(payload)
+        try:
+            self.setup.ensure()
+            if self.setup.repeatable:
+                seed_generators(fold(seed, self.position))
+            if self.per_sample and self.batched:
+                payload = [self.fn(sample) for sample in payload]
+            else:
+                payload = self.fn(payload)
+        except BaseException as exc:  # noqa: BLE001 - as the runtime's worker catches it
+            if not self.name:
+                raise
+            return epoch, 0, BatchFailed.of(self.name, exc), seed
         return epoch, samples, payload, seed
 
 
@@ -561,10 +595,17 @@ class Read:
             self._skipping_since = None
             self._lost = self._begin(epoch, reader)
             if not self._lost:
-                self.setup.ensure(worker_id=reader)
-                if self.setup.repeatable:
-                    seed_generators(fold(epoch_seed, reader, BEGIN))
-                self._iterator = iter(self.dataset)
+                try:
+                    self.setup.ensure(worker_id=reader)
+                    if self.setup.repeatable:
+                        seed_generators(fold(epoch_seed, reader, BEGIN))
+                    self._iterator = iter(self.dataset)
+                except BaseException as exc:  # noqa: BLE001 - as the runtime's worker catches it
+                    # In the reader's first turn, as torch's worker gives it for its first
+                    # index; then the end of its share (_ended stays set).
+                    self._batches_read = self._produced = 1
+                    failed = BatchFailed.of("read", exc)
+                    return epoch, 0, failed, fold(epoch_seed, reader, 0)
                 self._ended = False
         end = (epoch, 0, EpochEnd(epoch, reader, self._lost), 0)
         if self._ended:
@@ -575,15 +616,19 @@ class Read:
         self._batches_read += 1
         if self.setup.repeatable:
             seed_generators(fold(seed, 0))
-        if self.batch_size is None:
-            try:
-                sample = next(self._iterator)
-            except StopIteration:
-                self._ended = True
-                return end
+        try:
+            if self.batch_size is None:
+                try:
+                    sample = next(self._iterator)
+                except StopIteration:
+                    self._ended = True
+                    return end
+                self._produced += 1
+                return epoch, 1, sample, seed
+            samples = list(itertools.islice(self._iterator, self.batch_size))
+        except BaseException as exc:  # noqa: BLE001 - as the runtime's worker catches it
             self._produced += 1
-            return epoch, 1, sample, seed
-        samples = list(itertools.islice(self._iterator, self.batch_size))
+            return epoch, 0, BatchFailed.of("read", exc), seed
         if len(samples) < self.batch_size:
             self._ended = True
             if not samples or self.drop_last:
