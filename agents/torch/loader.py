@@ -62,6 +62,7 @@ from agents.torch.steps import (
     fold,
     own_collate,
     stage_names,
+    take,
 )
 
 # Generic as torch's: ``class StatefulDataLoader(DataLoader[_T_co])`` (torchdata), imported
@@ -607,8 +608,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self._iterable:
             return None
         indices = iter(self._index_sampler)
-        skipped = sum(1 for _ in itertools.islice(indices, skip))
-        return indices, skipped, (list(itertools.islice(indices, 1)) if first else None)
+        skipped = len(take(indices, skip))
+        return indices, skipped, (take(indices, 1) if first else None)
 
     def _epoch_items(
         self, epoch: int, epoch_seed: int, drawn: tuple[Any, int, list] | None = None
@@ -626,7 +627,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # A resumed epoch (load_state_dict): the batches delivered before are drawn, not fed.
         indices, skipped, first = drawn if drawn is not None else self._sampler_iter(0, True)
         if first is None:
-            first = list(itertools.islice(indices, 1))
+            first = take(indices, 1)
         batched = self._auto_collation
 
         def items() -> Iterator[Item]:

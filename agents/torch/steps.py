@@ -25,7 +25,6 @@ their containers keep their exact types (named tuples, ``torch.Size``, ``Ordered
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 import random
@@ -65,6 +64,21 @@ def fold(seed: int, *data: int) -> int:
     for datum in data:
         seed = _mix(seed ^ _mix((datum + _GOLDEN) & MASK64))
     return seed
+
+
+def take(iterator: Any, most: int) -> list:
+    """Up to ``most`` items of ``iterator`` by ``next()``, as torch's fetcher and sampler
+    iterator take them. Not ``itertools.islice``, which calls ``iter()`` on what it is given:
+    an iterator whose ``__iter__`` starts it again (an ``IterableDataset`` or sampler whose
+    ``__iter__`` resets its count and returns itself) gave its first batch for ever (the
+    parity hunter's seed 5000: an endless epoch of rows 0 to 12)."""
+    items = []
+    for _ in range(most):
+        try:
+            items.append(next(iterator))
+        except StopIteration:
+            break
+    return items
 
 
 def seed_generators(seed: int) -> None:
@@ -625,7 +639,7 @@ class Read:
                     return end
                 self._produced += 1
                 return epoch, 1, sample, seed
-            samples = list(itertools.islice(self._iterator, self.batch_size))
+            samples = take(self._iterator, self.batch_size)
         except BaseException as exc:  # noqa: BLE001 - as the runtime's worker catches it
             self._produced += 1
             return epoch, 0, BatchFailed.of("read", exc), seed
