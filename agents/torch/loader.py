@@ -49,6 +49,7 @@ from agents.pipeline.worker import POLL_S, error_type_name
 from agents.process_lock import SharedCount
 from agents.torch.steps import (
     BatchFailed,
+    CollateHere,
     EpochEnd,
     Fetch,
     InitWatch,
@@ -370,7 +371,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                         name=name if named else "")  # fmt: skip
             stages.append(self._stage(name, step, init=start))
         collate = Step(own_collate(self.collate_fn), setup, position=len(stages),
-                       name="collate" if named else "")  # fmt: skip
+                       name="collate" if named else "",
+                       collates_here=self.num_workers == 0)  # fmt: skip
         stages.append(self._stage("collate", collate, workers, init=start))
         for name, fn in self._batch_transforms:
             step = Step(fn, setup, position=len(stages), name=name if named else "")
@@ -1082,6 +1084,12 @@ class _EpochIterator:
             if self._num_workers == 0 and failure.error_type in _RAISED_AS_ITSELF:
                 raise _as_itself(failure) from failure
             raise as_raised_type(failure)
+        if isinstance(payload, CollateHere):
+            # A batch that could not leave the worker (num_workers=0): collated here, as
+            # torch's single-process loader collates every batch.
+            payload = self.loader.collate_fn(payload.samples)
+            for _, transform in self.loader._batch_transforms:
+                payload = transform(payload)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 

@@ -25,8 +25,10 @@ their containers keep their exact types (named tuples, ``torch.Size``, ``Ordered
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
+import pickle
 import random
 import sys
 import time
@@ -159,6 +161,58 @@ class BatchFailed:
 
         return cls(step, f"{type(exc).__name__}: {exc}", traceback.format_exc(),
                    error_type_name(exc))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CollateHere:
+    """The payload in place of a batch that ``collate_fn`` made but that cannot leave the
+    worker (a generator, an object of a class defined in a function, one holding a lock): the
+    samples ``collate_fn`` was given, for the training process to collate. With
+    ``num_workers=0`` torch collates in the training process, where any object will do; ours
+    runs the loader in workers even then, and such a batch failed ("cannot pickle
+    'generator' object", the parity hunter's seed 6026). It passes through every later stage
+    untouched; the consumer runs ``collate_fn`` and the ``batch_transforms`` on it."""
+
+    samples: Any
+
+
+def sendable(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` can be pickled to the next stage, told without pickling the tensors,
+    arrays and containers a batch is made of: only an object of another kind is pickled to
+    find out (its class first: a generator's, a class defined in a function, fails there)."""
+    if obj is None or isinstance(obj, torch.Tensor | str | bytes | int | float | complex):
+        return True
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.ndarray | numpy.generic):
+        return obj.dtype != object or _pickles(obj)
+    if depth > 32:
+        return _pickles(obj)
+    kind = type(obj)
+    if isinstance(obj, list | tuple | dict):
+        if kind not in (list, tuple, dict) and not _pickles(kind):
+            return False  # a named tuple or dict subclass defined in a function
+        values = obj.values() if isinstance(obj, dict) else obj
+        keys = obj.keys() if isinstance(obj, dict) else ()
+        return all(sendable(v, depth + 1) for v in itertools.chain(keys, values))
+    if not _pickles(kind):
+        return False
+    state = getattr(obj, "__dict__", None)
+    if (
+        state is not None
+        and kind.__reduce_ex__ is object.__reduce_ex__
+        and kind.__getstate__ is object.__getstate__
+        and not hasattr(obj, "__slots__")
+    ):
+        return all(sendable(v, depth + 1) for v in state.values())  # a plain object's fields
+    return _pickles(obj)
+
+
+def _pickles(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - whatever stops the pickling stops the sending
+        return False
+    return True
 
 
 # The process that a WorkerSetup has set up (a forked child inherits its parent's pid here).
@@ -426,12 +480,16 @@ class Step:
     # The step's name; set for an IterableDataset's steps only, whose error then goes on as
     # the batch (BatchFailed) to be raised at its reader's turn.
     name: str = ""
+    # The collate step of a loader with num_workers=0: a batch that cannot leave the worker
+    # goes back as its samples, collated by the training process as torch does (CollateHere).
+    collates_here: bool = False
 
     def __call__(self, item: Item) -> Item:
         """Apply the step to one item."""
         epoch, samples, payload, seed = item
-        if isinstance(payload, EpochEnd | SamplerFailed | Skipped | BatchFailed):
+        if isinstance(payload, EpochEnd | SamplerFailed | Skipped | BatchFailed | CollateHere):
             return item
+        given = payload
         try:
             self.setup.ensure()
             if self.setup.repeatable:
@@ -444,6 +502,8 @@ class Step:
             if not self.name:
                 raise
             return epoch, 0, BatchFailed.of(self.name, exc), seed
+        if self.collates_here and not sendable(payload) and sendable(given):
+            return epoch, samples, CollateHere(given), seed
         return epoch, samples, payload, seed
 
 
