@@ -426,18 +426,42 @@ class PrivateCollate:
     batch once more and, where ``/dev/shm`` is full (Docker's 64 MiB), falls back to the
     worker's pipe; torch's segment instead raised "unable to allocate shared memory(shm)"
     there, every batch. Only torch's own collate is wrapped: a ``collate_fn`` of the user's
-    sees ``get_worker_info()`` as in torch's workers."""
+    sees ``get_worker_info()`` as in torch's workers.
+
+    In a worker, tensors are stacked as torch's worker stacks them, into a batch of the first
+    tensor's dtype (``_stack_as_torchs_worker``): hidden from ``get_worker_info()``, torch's
+    ``stack`` promoted instead, and a batch of an int32 and a float64 tensor came as float64
+    where torch's worker raises TypeError (the parity hunter's seed 6039); float32 then
+    float64 came as float64 where torch's is float32."""
 
     fn: Callable[[Any], Any]
 
     def __call__(self, batch: Any) -> Any:
-        from torch.utils.data._utils import worker
+        from torch.utils.data._utils import collate, worker
 
         info, worker._worker_info = worker._worker_info, None
         try:
-            return self.fn(batch)
+            if info is None:
+                return self.fn(batch)
+            # torch's map as it is now (a user may have extended it in place), but tensors.
+            kinds = dict(collate.default_collate_fn_map)
+            if kinds.get(torch.Tensor) is collate.collate_tensor_fn:
+                kinds[torch.Tensor] = _stack_as_torchs_worker
+            return collate.collate(batch, collate_fn_map=kinds)
         finally:
             worker._worker_info = info
+
+
+def _stack_as_torchs_worker(batch: list, *, collate_fn_map: Any = None) -> torch.Tensor:
+    """torch's ``collate_tensor_fn`` as its worker runs it (into an ``out`` of the first
+    tensor's dtype and shape), in this process's own memory rather than a shared segment."""
+    from torch.utils.data._utils.collate import collate_tensor_fn
+
+    elem = batch[0]
+    if elem.is_nested or elem.layout != torch.strided:
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # torch's error
+    out = elem.new_empty((len(batch), *elem.size()))
+    return torch.stack(batch, 0, out=out)
 
 
 def own_collate(collate_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
