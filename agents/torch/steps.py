@@ -193,6 +193,9 @@ def sendable(obj: Any, depth: int = 0) -> bool:
             return False  # a named tuple or dict subclass defined in a function
         values = obj.values() if isinstance(obj, dict) else obj
         keys = obj.keys() if isinstance(obj, dict) else ()
+        everything = itertools.chain(keys, values)
+        if all(type(v) in _PLAIN for v in everything):
+            return True  # a batch of strings or tensors: a look at each type only
         return all(sendable(v, depth + 1) for v in itertools.chain(keys, values))
     if not _pickles(kind):
         return False
@@ -205,6 +208,10 @@ def sendable(obj: Any, depth: int = 0) -> bool:
     ):
         return all(sendable(v, depth + 1) for v in state.values())  # a plain object's fields
     return _pickles(obj)
+
+
+# Types whose objects always pickle (exactly these: a subclass may not).
+_PLAIN = frozenset({str, bytes, int, float, complex, bool, type(None), torch.Tensor})
 
 
 def _pickles(obj: Any) -> bool:
