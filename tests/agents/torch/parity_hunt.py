@@ -372,7 +372,9 @@ def compare(case: dict, ours: list[dict], theirs: list[dict]) -> None:
             outs_a = [o for o in outs_a if not _timeout(o)]
             outs_b = [o for o in outs_b if not _timeout(o)]
         if unordered:
-            if a["op"][0] not in WHOLE:
+            if a["op"][0] not in WHOLE or case["fault"] == "StopIteration":
+                # In any order, the batches that come before the one whose StopIteration
+                # ends the epoch are any of them (seed 6254: torch's 9 of 11, ours 5).
                 continue
             outs_a, outs_b = sorted(outs_a, key=repr), sorted(outs_b, key=repr)
         elif a["op"][0] == "threads":
