@@ -10,7 +10,7 @@ row 14 where torch's came after row 19). Every batch still came once and the err
 torch's type; only its place differed. A loop that counts the batches before a failure, or
 stops at the first one, saw another epoch than under torch.
 
-Generated: 2 or 3 readers, one of them slow; one reader fails at one of its rows (in the
+Generated (3 examples besides the 3 explicit ones, to stay near 15 s at load 14): 2 or 3 readers, one of them slow; one reader fails at one of its rows (in the
 row, in ``__iter__`` or in ``collate_fn``); the outcomes of an epoch, batch by batch, must be
 torch's loader's run the same way, on both of two epochs.
 """
@@ -73,7 +73,7 @@ def outcomes(loader) -> list:
     return out
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @example(readers=2, batch_size=1, slow=1, failing=0, at=3, where="row", persistent=True)
 @example(readers=2, batch_size=2, slow=1, failing=0, at=4, where="collate", persistent=False)
 @example(readers=3, batch_size=1, slow=0, failing=2, at=0, where="iter", persistent=True)
