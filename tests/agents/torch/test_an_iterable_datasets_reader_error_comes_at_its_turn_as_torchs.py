@@ -10,9 +10,10 @@ row 14 where torch's came after row 19). Every batch still came once and the err
 torch's type; only its place differed. A loop that counts the batches before a failure, or
 stops at the first one, saw another epoch than under torch.
 
-Generated (3 examples besides the 3 explicit ones, to stay near 15 s at load 14): 2 or 3 readers, one of them slow; one reader fails at one of its rows (in the
-row, in ``__iter__`` or in ``collate_fn``); the outcomes of an epoch, batch by batch, must be
-torch's loader's run the same way, on both of two epochs.
+Generated (3 examples besides the 3 explicit ones, to stay near 15 s at load 14): 2 or 3
+readers, one of them slow; one reader fails at one of its rows (in the row, in ``__iter__``
+or in ``collate_fn``); the outcomes of an epoch, batch by batch, must be torch's loader's
+run the same way, on both of two epochs.
 """
 
 import time
