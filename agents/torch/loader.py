@@ -48,6 +48,8 @@ from agents.pipeline.stage import HARD_MAX_WORKERS
 from agents.pipeline.worker import POLL_S, error_type_name
 from agents.process_lock import SharedCount
 from agents.torch.steps import (
+    BatchFailed,
+    CollateHere,
     EpochEnd,
     Fetch,
     InitWatch,
@@ -61,6 +63,7 @@ from agents.torch.steps import (
     fold,
     own_collate,
     stage_names,
+    take,
 )
 
 # Generic as torch's: ``class StatefulDataLoader(DataLoader[_T_co])`` (torchdata), imported
@@ -363,13 +366,19 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             fetch = Step(Fetch(self.dataset, batched), setup)
             stages = [self._stage("fetch", fetch, workers, init=start)]
         # Each step's place (read or fetch 0) is folded into the batch's seed: see steps.py.
+        # An IterableDataset's steps hand an error on as the batch (BatchFailed), raised at
+        # its reader's turn; a map-style one's is raised in the sampler's order as it is.
+        named = self._iterable
         for name, fn in self._transforms:
-            step = Step(fn, setup, per_sample=True, batched=batched, position=len(stages))
+            step = Step(fn, setup, per_sample=True, batched=batched, position=len(stages),
+                        name=name if named else "")  # fmt: skip
             stages.append(self._stage(name, step, init=start))
-        collate = Step(own_collate(self.collate_fn), setup, position=len(stages))
+        collate = Step(own_collate(self.collate_fn), setup, position=len(stages),
+                       name="collate" if named else "",
+                       collates_here=self.num_workers == 0)  # fmt: skip
         stages.append(self._stage("collate", collate, workers, init=start))
         for name, fn in self._batch_transforms:
-            step = Step(fn, setup, position=len(stages))
+            step = Step(fn, setup, position=len(stages), name=name if named else "")
             stages.append(self._stage(name, step, workers, init=start))
         stages = fuse_groups(stages, self._fusion([s.name for s in stages]))
         source = _PlanSource(self._plans if self.persistent_workers else None)
@@ -605,8 +614,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self._iterable:
             return None
         indices = iter(self._index_sampler)
-        skipped = sum(1 for _ in itertools.islice(indices, skip))
-        return indices, skipped, (list(itertools.islice(indices, 1)) if first else None)
+        skipped = len(take(indices, skip))
+        return indices, skipped, (take(indices, 1) if first else None)
 
     def _epoch_items(
         self, epoch: int, epoch_seed: int, drawn: tuple[Any, int, list] | None = None
@@ -624,7 +633,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # A resumed epoch (load_state_dict): the batches delivered before are drawn, not fed.
         indices, skipped, first = drawn if drawn is not None else self._sampler_iter(0, True)
         if first is None:
-            first = list(itertools.islice(indices, 1))
+            first = take(indices, 1)
         batched = self._auto_collation
         generator = self.generator
 
@@ -1119,6 +1128,25 @@ class _EpochIterator:
             failure = StageFailed("sampler", -1, payload.error, payload.traceback_text,
                                   payload.error_type)  # fmt: skip
             raise as_raised_type(failure)
+        if isinstance(payload, BatchFailed):
+            # A reader's failed batch, at its reader's turn (see BatchFailed).
+            self._stats.taken(0)
+            self._placed()
+            stage = next(
+                (n for n in self.receiver.pipeline.stage_names if payload.step in n.split("+")),
+                payload.step,
+            )
+            failure = StageFailed(stage, self._num_yielded, payload.error,
+                                  payload.traceback_text, payload.error_type)  # fmt: skip
+            if self._num_workers == 0 and failure.error_type in _RAISED_AS_ITSELF:
+                raise _as_itself(failure) from failure
+            raise as_raised_type(failure)
+        if isinstance(payload, CollateHere):
+            # A batch that could not leave the worker (num_workers=0): collated here, as
+            # torch's single-process loader collates every batch.
+            payload = self.loader.collate_fn(payload.samples)
+            for _, transform in self.loader._batch_transforms:
+                payload = transform(payload)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -1218,7 +1246,10 @@ class _ReaderTurns:
     on reading meanwhile, where torch's other workers stop after ``prefetch_factor``
     batches): past that, a reader has fallen far behind, and the batch held longest is handed
     out of turn rather than holding an unbounded share of the epoch in memory.
-    A failed batch is raised as it comes (an error carries no seed)."""
+    A batch that failed in a step of the loader's (its reader's rows, ``collate_fn``) comes as
+    a ``BatchFailed`` with its seed, and takes its turn as a batch; one the runtime failed (a
+    reader that died, a result that cannot be sent) carries no seed and is raised as it
+    comes."""
 
     # How many batches past the expected one a reader's seed is looked for: a batch that
     # failed was counted by its reader (the next one's seed is one further on).

@@ -28,9 +28,11 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import pickle
 import random
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +66,21 @@ def fold(seed: int, *data: int) -> int:
     for datum in data:
         seed = _mix(seed ^ _mix((datum + _GOLDEN) & MASK64))
     return seed
+
+
+def take(iterator: Any, most: int) -> list:
+    """Up to ``most`` items of ``iterator`` by ``next()``, as torch's fetcher and sampler
+    iterator take them. Not ``itertools.islice``, which calls ``iter()`` on what it is given:
+    an iterator whose ``__iter__`` starts it again (an ``IterableDataset`` or sampler whose
+    ``__iter__`` resets its count and returns itself) gave its first batch for ever (the
+    parity hunter's seed 5000: an endless epoch of rows 0 to 12)."""
+    items = []
+    for _ in range(most):
+        try:
+            items.append(next(iterator))
+        except StopIteration:
+            break
+    return items
 
 
 def seed_generators(seed: int) -> None:
@@ -119,6 +136,90 @@ class SamplerFailed:
     error: str  # "Type: message"
     traceback_text: str
     error_type: str  # "module:qualname"
+
+
+@dataclass(frozen=True)
+class BatchFailed:
+    """The payload in place of an IterableDataset reader's batch that raised, in the reader
+    (its rows, its ``__iter__``, its ``worker_init_fn``) or in a step after it
+    (``collate_fn``): it passes through every later stage untouched, and the consumer raises
+    it at that reader's turn, as torch raises a worker's error when the worker's turn comes
+    round. The item keeps the batch's seed, which tells the consumer's ``_ReaderTurns`` whose
+    turn it is; raised by the runtime instead (an error carries no seed), it came as it came:
+    a reader that ran ahead of a slower one had its error raised before the slower one's
+    batches of the turns before it (the parity hunter's seed 2110)."""
+
+    step: str  # the step that raised: "read", "collate", a transform's name
+    error: str  # "Type: message"
+    traceback_text: str
+    error_type: str  # "module:qualname"
+
+    @classmethod
+    def of(cls, step: str, exc: BaseException) -> BatchFailed:
+        """What ``exc``, being handled in ``step``, becomes (as the runtime's ``Failure``)."""
+        from agents.pipeline.worker import error_type_name
+
+        return cls(step, f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                   error_type_name(exc))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CollateHere:
+    """The payload in place of a batch that ``collate_fn`` made but that cannot leave the
+    worker (a generator, an object of a class defined in a function, one holding a lock): the
+    samples ``collate_fn`` was given, for the training process to collate. With
+    ``num_workers=0`` torch collates in the training process, where any object will do; ours
+    runs the loader in workers even then, and such a batch failed ("cannot pickle
+    'generator' object", the parity hunter's seed 6026). It passes through every later stage
+    untouched; the consumer runs ``collate_fn`` and the ``batch_transforms`` on it."""
+
+    samples: Any
+
+
+def sendable(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` can be pickled to the next stage, told without pickling the tensors,
+    arrays and containers a batch is made of: only an object of another kind is pickled to
+    find out (its class first: a generator's, a class defined in a function, fails there)."""
+    if obj is None or isinstance(obj, torch.Tensor | str | bytes | int | float | complex):
+        return True
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.ndarray | numpy.generic):
+        return obj.dtype != object or _pickles(obj)
+    if depth > 32:
+        return _pickles(obj)
+    kind = type(obj)
+    if isinstance(obj, list | tuple | dict):
+        if kind not in (list, tuple, dict) and not _pickles(kind):
+            return False  # a named tuple or dict subclass defined in a function
+        values = obj.values() if isinstance(obj, dict) else obj
+        keys = obj.keys() if isinstance(obj, dict) else ()
+        everything = itertools.chain(keys, values)
+        if all(type(v) in _PLAIN for v in everything):
+            return True  # a batch of strings or tensors: a look at each type only
+        return all(sendable(v, depth + 1) for v in itertools.chain(keys, values))
+    if not _pickles(kind):
+        return False
+    state = getattr(obj, "__dict__", None)
+    if (
+        state is not None
+        and kind.__reduce_ex__ is object.__reduce_ex__
+        and kind.__getstate__ is object.__getstate__
+        and not hasattr(obj, "__slots__")
+    ):
+        return all(sendable(v, depth + 1) for v in state.values())  # a plain object's fields
+    return _pickles(obj)
+
+
+# Types whose objects always pickle (exactly these: a subclass may not).
+_PLAIN = frozenset({str, bytes, int, float, complex, bool, type(None), torch.Tensor})
+
+
+def _pickles(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - whatever stops the pickling stops the sending
+        return False
+    return True
 
 
 # The process that a WorkerSetup has set up (a forked child inherits its parent's pid here).
@@ -332,18 +433,42 @@ class PrivateCollate:
     batch once more and, where ``/dev/shm`` is full (Docker's 64 MiB), falls back to the
     worker's pipe; torch's segment instead raised "unable to allocate shared memory(shm)"
     there, every batch. Only torch's own collate is wrapped: a ``collate_fn`` of the user's
-    sees ``get_worker_info()`` as in torch's workers."""
+    sees ``get_worker_info()`` as in torch's workers.
+
+    In a worker, tensors are stacked as torch's worker stacks them, into a batch of the first
+    tensor's dtype (``_stack_as_torchs_worker``): hidden from ``get_worker_info()``, torch's
+    ``stack`` promoted instead, and a batch of an int32 and a float64 tensor came as float64
+    where torch's worker raises TypeError (the parity hunter's seed 6039); float32 then
+    float64 came as float64 where torch's is float32."""
 
     fn: Callable[[Any], Any]
 
     def __call__(self, batch: Any) -> Any:
-        from torch.utils.data._utils import worker
+        from torch.utils.data._utils import collate, worker
 
         info, worker._worker_info = worker._worker_info, None
         try:
-            return self.fn(batch)
+            if info is None:
+                return self.fn(batch)
+            # torch's map as it is now (a user may have extended it in place), but tensors.
+            kinds = dict(collate.default_collate_fn_map)
+            if kinds.get(torch.Tensor) is collate.collate_tensor_fn:
+                kinds[torch.Tensor] = _stack_as_torchs_worker
+            return collate.collate(batch, collate_fn_map=kinds)
         finally:
             worker._worker_info = info
+
+
+def _stack_as_torchs_worker(batch: list, *, collate_fn_map: Any = None) -> torch.Tensor:
+    """torch's ``collate_tensor_fn`` as its worker runs it (into an ``out`` of the first
+    tensor's dtype and shape), in this process's own memory rather than a shared segment."""
+    from torch.utils.data._utils.collate import collate_tensor_fn
+
+    elem = batch[0]
+    if elem.is_nested or elem.layout != torch.strided:
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # torch's error
+    out = elem.new_empty((len(batch), *elem.size()))
+    return torch.stack(batch, 0, out=out)
 
 
 def own_collate(collate_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -383,19 +508,33 @@ class Step:
     per_sample: bool = False
     batched: bool = True
     position: int = 0
+    # The step's name; set for an IterableDataset's steps only, whose error then goes on as
+    # the batch (BatchFailed) to be raised at its reader's turn.
+    name: str = ""
+    # The collate step of a loader with num_workers=0: a batch that cannot leave the worker
+    # goes back as its samples, collated by the training process as torch does (CollateHere).
+    collates_here: bool = False
 
     def __call__(self, item: Item) -> Item:
         """Apply the step to one item."""
         epoch, samples, payload, seed = item
-        if isinstance(payload, EpochEnd | SamplerFailed | Skipped):
+        if isinstance(payload, EpochEnd | SamplerFailed | Skipped | BatchFailed | CollateHere):
             return item
-        self.setup.ensure()
-        if self.setup.repeatable:
-            seed_generators(fold(seed, self.position))
-        if self.per_sample and self.batched:
-            payload = [self.fn(sample) for sample in payload]
-        else:
-            payload = self.fn(payload)
+        given = payload
+        try:
+            self.setup.ensure()
+            if self.setup.repeatable:
+                seed_generators(fold(seed, self.position))
+            if self.per_sample and self.batched:
+                payload = [self.fn(sample) for sample in payload]
+            else:
+                payload = self.fn(payload)
+        except BaseException as exc:  # noqa: BLE001 - as the runtime's worker catches it
+            if not self.name:
+                raise
+            return epoch, 0, BatchFailed.of(self.name, exc), seed
+        if self.collates_here and not sendable(payload) and sendable(given):
+            return epoch, samples, CollateHere(given), seed
         return epoch, samples, payload, seed
 
 
@@ -561,10 +700,17 @@ class Read:
             self._skipping_since = None
             self._lost = self._begin(epoch, reader)
             if not self._lost:
-                self.setup.ensure(worker_id=reader)
-                if self.setup.repeatable:
-                    seed_generators(fold(epoch_seed, reader, BEGIN))
-                self._iterator = iter(self.dataset)
+                try:
+                    self.setup.ensure(worker_id=reader)
+                    if self.setup.repeatable:
+                        seed_generators(fold(epoch_seed, reader, BEGIN))
+                    self._iterator = iter(self.dataset)
+                except BaseException as exc:  # noqa: BLE001 - as the runtime's worker catches it
+                    # In the reader's first turn, as torch's worker gives it for its first
+                    # index; then the end of its share (_ended stays set).
+                    self._batches_read = self._produced = 1
+                    failed = BatchFailed.of("read", exc)
+                    return epoch, 0, failed, fold(epoch_seed, reader, 0)
                 self._ended = False
         end = (epoch, 0, EpochEnd(epoch, reader, self._lost), 0)
         if self._ended:
@@ -575,15 +721,19 @@ class Read:
         self._batches_read += 1
         if self.setup.repeatable:
             seed_generators(fold(seed, 0))
-        if self.batch_size is None:
-            try:
-                sample = next(self._iterator)
-            except StopIteration:
-                self._ended = True
-                return end
+        try:
+            if self.batch_size is None:
+                try:
+                    sample = next(self._iterator)
+                except StopIteration:
+                    self._ended = True
+                    return end
+                self._produced += 1
+                return epoch, 1, sample, seed
+            samples = take(self._iterator, self.batch_size)
+        except BaseException as exc:  # noqa: BLE001 - as the runtime's worker catches it
             self._produced += 1
-            return epoch, 1, sample, seed
-        samples = list(itertools.islice(self._iterator, self.batch_size))
+            return epoch, 0, BatchFailed.of("read", exc), seed
         if len(samples) < self.batch_size:
             self._ended = True
             if not samples or self.drop_last:

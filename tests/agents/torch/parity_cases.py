@@ -14,6 +14,19 @@ never returns; an ``IterableDataset`` whose ``__len__`` lies. Options: every sta
 collected, ``len(loader)``, ``zip`` with a second loader, ``next()`` from three threads, a
 checkpoint (``state_dict``) mid-epoch resumed by a new loader, live resizes between and
 during epochs.
+
+Added 2026-11-29 (``_more``, drawn after the rest so that an older seed draws its older
+case with these on top): map datasets with ``__getitems__``, in a ``Subset``,
+``ConcatDataset``, ``StackDataset``, a ``TensorDataset``, one whose ``len()`` lies; iterable
+ones in a ``ChainDataset``, whose ``__iter__`` returns itself, that yield nothing for odd
+workers, that never end (the loop breaks), sharded by a ``worker_init_fn``; samplers and
+batch samplers as generators, lists, ranges, ``len()`` longer or shorter than what they
+yield, ``sampler=`` with ``shuffle=False``, ``generator=`` without a shuffle; items None,
+ragged nested lists, non-contiguous, 0-d, of mixed dtypes, one tensor object for all;
+``collate_fn`` returning a generator (no workers: torch's cannot send one), the list
+itself, an object, one tensor for every batch; loops that call ``iter()`` twice, ``next()``
+after the end, keep an epoch's batches through the next, change the dataset between epochs,
+run under ``torch.set_num_threads(1)`` or ``torch.no_grad()``; a live resize mid-epoch.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ import os
 import random
 import threading
 import time
+import types
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -42,6 +56,8 @@ class Point:
 
 
 _BASE = torch.arange(400.0)  # the storage the "view" items share
+_GRID = torch.arange(400.0).view(20, 20)  # its columns: non-contiguous items
+_SHARED = torch.tensor([7, 8, 9])  # the "same" items, and the "shared" collate's batch
 
 
 def make_item(i: int, kind: str):
@@ -64,6 +80,18 @@ def make_item(i: int, kind: str):
         return f"row-{i}".encode()
     if kind == "nested":
         return {"a": {"b": torch.tensor(i), "c": [i, f"{i}"]}, "d": np.int64(i)}
+    if kind == "none":
+        return None
+    if kind == "ragged":  # nested lists of different lengths: torch's collate refuses them
+        return [[i] * (i % 3), [i]]
+    if kind == "noncontig":
+        return _GRID[:, i % 20]
+    if kind == "scalar":
+        return torch.tensor(i)
+    if kind == "dtypes":
+        return torch.tensor([i], dtype=torch.int32 if i % 2 else torch.float64)
+    if kind == "same":  # one tensor object, every item
+        return _SHARED
     raise AssertionError(kind)
 
 
@@ -100,24 +128,76 @@ def loader_of(name: str):
 
 
 class MapItems(tud.Dataset):
-    def __init__(self, n: int, kind: str, fault: str, at: int, loader_class: str) -> None:
+    """``n`` items; ``len()`` off by ``lie`` (an index past ``n`` raises ``IndexError``);
+    ``offset`` (changed between epochs by the loop) added to each item's number."""
+
+    def __init__(
+        self, n: int, kind: str, fault: str, at: int, loader_class: str, lie: int = 0
+    ) -> None:
         self.n, self.kind, self.fault, self.at, self.loader_class = n, kind, fault, at, loader_class
+        self.lie = lie
+        self.offset = 0
 
     def __len__(self) -> int:
-        return self.n
+        return max(0, self.n + self.lie)
 
     def __getitem__(self, i: int):
+        if i >= self.n:
+            raise IndexError(f"index {i} is past the {self.n} items")
         if i == self.at:
             misbehave(self.fault, i, self.loader_class)
-        return make_item(i, self.kind)
+        return make_item(i + self.offset, self.kind)
+
+
+class MapItemsInBatches(MapItems):
+    """With ``__getitems__``, which torch's fetcher calls for a whole batch: each item says
+    how many indices the call got."""
+
+    def __getitems__(self, indices: list):
+        return [Pair(self[i], len(indices)) for i in indices]
+
+
+class Box:
+    """What the "object" collate returns."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+
+    def __repr__(self) -> str:
+        return f"Box({self.batch!r})"
+
+
+def collate_generator(batch):
+    return (item for item in batch)
+
+
+def collate_identity(batch):
+    return batch
+
+
+def collate_object(batch):
+    return Box(len(batch))
+
+
+def collate_shared(batch):
+    return _SHARED
+
+
+COLLATES = {"generator": collate_generator, "identity": collate_identity,
+            "object": collate_object, "shared": collate_shared}  # fmt: skip
 
 
 class StreamItems(tud.IterableDataset):
     """Rows split among the workers by ``get_worker_info()``; ``len()`` off by ``lie``."""
 
-    def __init__(self, n: int, kind: str, fault: str, at: int, loader_class: str, lie: int):
+    def __init__(
+        self, n: int, kind: str, fault: str, at: int, loader_class: str, lie: int, flavour: str = ""
+    ):
         self.n, self.kind, self.fault, self.at, self.loader_class = n, kind, fault, at, loader_class
         self.lie = lie
+        self.flavour = flavour  # "", "empty_some", "forever", "init_shard"
+        self.offset = 0
+        self.shard = (0, 1)  # set by init_shard's worker_init_fn
 
     def __len__(self) -> int:
         return max(0, self.n + self.lie)
@@ -125,10 +205,38 @@ class StreamItems(tud.IterableDataset):
     def __iter__(self):
         info = tud.get_worker_info()
         k, of = (info.id, info.num_workers) if info is not None else (0, 1)
-        for i in range(k, self.n, of):
+        if self.flavour == "init_shard":
+            k, of = self.shard
+        if self.flavour == "empty_some" and k % 2:
+            return
+        i = k
+        while i < self.n or self.flavour == "forever":
             if i == self.at:
                 misbehave(self.fault, i, self.loader_class)
-            yield make_item(i, self.kind)
+            yield make_item(i + self.offset, self.kind)
+            i += of
+
+
+class StreamSelf(tud.IterableDataset):
+    """An ``IterableDataset`` whose ``__iter__`` returns itself (restarting its count)."""
+
+    def __init__(self, n: int, kind: str) -> None:
+        self.n, self.kind = n, kind
+        self.offset = 0
+        self.i = 0
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+    def __next__(self):
+        info = tud.get_worker_info()
+        k, of = (info.id, info.num_workers) if info is not None else (0, 1)
+        i = k + self.i * of
+        if i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return make_item(i + self.offset, self.kind)
 
 
 class Batches(tud.Sampler):
@@ -141,7 +249,40 @@ class Batches(tud.Sampler):
         return iter(self.batches)
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.batches) + self.lie
+
+    lie = 0
+
+
+class LyingBatches(Batches):
+    """``Batches`` whose ``len()`` says 2 more than it yields."""
+
+    lie = 2
+
+
+class ShortBatches(Batches):
+    """``Batches`` whose ``len()`` says 1 fewer than it yields (0 at least)."""
+
+    def __len__(self) -> int:
+        return max(0, len(self.batches) - 1)
+
+
+def sampler_of(form: str, order: list):
+    """The custom sampler (or batch sampler) in ``form``: a ``Sampler``, one whose ``len()``
+    lies, a generator (consumed by its first epoch), a plain list or a range."""
+    if form == "sampler":
+        return Batches(order)
+    if form == "longer":
+        return LyingBatches(order)
+    if form == "shorter":
+        return ShortBatches(order)
+    if form == "generator":
+        return (x for x in order)
+    if form == "list":
+        return list(order)
+    if form == "range":
+        return range(len(order))
+    raise AssertionError(form)
 
 
 def init_raises(worker_id: int) -> None:
@@ -161,10 +302,20 @@ def init_seed(worker_id: int) -> None:
     assert info.seed == torch.initial_seed(), (info.seed, torch.initial_seed())
 
 
+def init_shard(worker_id: int) -> None:
+    """torch's documented sharding: ``worker_init_fn`` gives each worker's copy its share."""
+    info = tud.get_worker_info()
+    info.dataset.shard = (info.id, info.num_workers)
+
+
 INITS = {"raises": init_raises, "sleeps": init_sleeps, "threads": init_threads,
          "seed": init_seed}  # fmt: skip
+# Drawn among INITS (seeds before 2026-11-29 draw the same cases); "shard" goes with the
+# "init_shard" flavour of iterable dataset only.
+ALL_INITS = {**INITS, "shard": init_shard}
 KINDS = ["tensor", "tensor", "zero", "view", "namedtuple", "dataclass", "numpy", "string",
          "bytes", "nested"]  # fmt: skip
+NEW_KINDS = ["none", "ragged", "noncontig", "scalar", "dtypes", "same"]
 FAULTS = ["none"] * 6 + ["IndexError", "StopIteration", "KeyboardInterrupt", "fork", "thread",
                          "slow", "never", "nested"]  # fmt: skip
 
@@ -222,7 +373,7 @@ def generate(rng: random.Random) -> dict:
         # A resumed loader loads the slow item again where torch's iterator waits on it;
         # state_dict() covers map-style datasets only (documented).
         ops = [op for op in ops if op[0] != "checkpoint"]
-    return {
+    case = {
         "iterable": iterable,
         "n": n,
         "kind": rng.choice(KINDS),
@@ -236,28 +387,125 @@ def generate(rng: random.Random) -> dict:
         "seed": rng.randint(0, 2**16),
         "ops": ops,
     }
+    _more(rng, case)
+    return case
+
+
+def _more(rng: random.Random, case: dict) -> None:
+    """The dimensions added on 2026-11-29, drawn after the others (so that an older seed
+    draws its older case, with these on top): wrapped datasets, sampler forms, more item
+    kinds, odd collate_fns, more loops, a resize mid-epoch, torch's thread count."""
+    workers = case["options"]["num_workers"]
+    faultless = case["fault"] == "none"
+    if rng.random() < 0.4:
+        case["kind"] = rng.choice(NEW_KINDS)
+    case["wrap"] = ""
+    if case["iterable"]:
+        case["wrap"] = rng.choice(["", "", "", "self", "chain", "empty_some", "forever",
+                                   "init_shard"])  # fmt: skip
+        if case["wrap"] == "self" and not faultless:
+            case["wrap"] = ""  # its items come from __next__: no fault to place
+        if case["wrap"] == "init_shard":
+            case["init"] = "shard"
+        elif case["init"] == "shard":
+            case["init"] = None
+    else:
+        case["wrap"] = rng.choice(["", "", "", "getitems", "subset", "concat", "stack",
+                                   "tensor", "lies"])  # fmt: skip
+        if case["wrap"] == "lies":
+            case["lie"] = rng.choice([-2, 3])
+        if case["sampling"] in ("sampler", "batch_sampler") and rng.random() < 0.6:
+            forms = ["longer", "shorter", "generator", "list"]
+            if case["sampling"] == "sampler":
+                forms.append("range")
+            case["form"] = rng.choice(forms)
+        elif case["sampling"] == "sequential" and rng.random() < 0.3:
+            case["sampling"] = "sampler"  # sampler= with shuffle=False said
+            case["form"] = "sampler"
+            case["options"]["shuffle"] = False
+            case["order"] = rng.sample(range(case["n"]), case["n"])
+    case.setdefault("form", "sampler")
+    if case["sampling"] != "shuffle" and rng.random() < 0.3:
+        case["generator"] = rng.randint(0, 2**16)  # generator= without a shuffle
+    collates = ["identity", "object", "shared"] + (["generator"] if workers == 0 else [])
+    # A generator cannot be sent from torch's worker (pickling fails in its queue's feeder
+    # thread, and the loop waits for ever): drawn without workers only.
+    case["collate"] = rng.choice(collates) if rng.random() < 0.25 else None
+    for _ in range(rng.randint(0, 3)):
+        k = rng.randint(0, len(case["ops"]) - 1)
+        extra = rng.choice(["twice", "after_end", "keep", "mutate", "threads1", "no_grad"])
+        case["ops"].insert(k, [extra, rng.randint(1, 4)])
+    case["mid"] = [rng.randint(0, 6), rng.randint(1, 4)] if rng.random() < 0.5 else None
+    if case["wrap"] == "forever":
+        # An endless epoch: the loop breaks out of it (_drain's limit); no threads (their
+        # limit is per thread, so the count taken differs by design).
+        case["ops"] = [op for op in case["ops"] if op[0] != "threads"]
 
 
 def build(case: dict, loader_class: str):
     """The case's loader, of torch's class (``"torch"``) or ours (``"ours"``)."""
-    if case["iterable"]:
-        dataset = StreamItems(case["n"], case["kind"], case["fault"], case["at"], loader_class,
-                              case["lie"])  # fmt: skip
-    else:
-        dataset = MapItems(case["n"], case["kind"], case["fault"], case["at"], loader_class)
+    dataset = dataset_of(case, loader_class)
     kwargs = {k: v for k, v in case["options"].items() if v is not None}
     if case["init"]:
-        kwargs["worker_init_fn"] = INITS[case["init"]]
+        kwargs["worker_init_fn"] = ALL_INITS[case["init"]]
+    if case.get("generator") is not None:
+        kwargs["generator"] = torch.Generator().manual_seed(case["generator"])
+    if case.get("collate"):
+        kwargs["collate_fn"] = COLLATES[case["collate"]]
+    form = case.get("form", "sampler")
     if case["sampling"] == "shuffle":
         kwargs["shuffle"] = True
         kwargs["generator"] = torch.Generator().manual_seed(case["seed"])
     elif case["sampling"] == "sampler":
-        kwargs["sampler"] = Batches(case["order"])
+        kwargs["sampler"] = sampler_of(form, case["order"])
     elif case["sampling"] == "batch_sampler":
         kwargs.pop("batch_size", None)
         kwargs.pop("drop_last", None)
-        kwargs["batch_sampler"] = Batches(case["order"])
+        kwargs["batch_sampler"] = sampler_of(form, case["order"])
     return loader_of(loader_class)(dataset, **kwargs)
+
+
+def dataset_of(case: dict, loader_class: str):
+    """The case's dataset: its items, wrapped as ``case["wrap"]`` says."""
+    n, kind, fault, at, lie = case["n"], case["kind"], case["fault"], case["at"], case["lie"]
+    wrap = case.get("wrap", "")
+    if case["iterable"]:
+        if wrap == "self":
+            return StreamSelf(n, kind)
+        if wrap == "chain":
+            half = n // 2
+            return tud.ChainDataset([
+                StreamItems(half, kind, fault, at, loader_class, lie),
+                StreamItems(n - half, kind, "none", -1, loader_class, 0),
+            ])  # fmt: skip
+        return StreamItems(n, kind, fault, at, loader_class, lie, wrap)
+    if wrap == "getitems":
+        return MapItemsInBatches(n, kind, fault, at, loader_class)
+    if wrap == "subset":
+        return tud.Subset(MapItems(n + 3, kind, fault, at, loader_class),
+                          list(range(n + 2, 2, -1)))  # fmt: skip
+    if wrap == "concat":
+        half = n // 3
+        return tud.ConcatDataset([MapItems(half, kind, fault, at, loader_class),
+                                  MapItems(n - half, "tensor", "none", -1, loader_class)])  # fmt: skip
+    if wrap == "stack":
+        return tud.StackDataset(a=MapItems(n, kind, fault, at, loader_class),
+                                b=MapItems(n, "tensor", "none", -1, loader_class))  # fmt: skip
+    if wrap == "tensor":
+        return tud.TensorDataset(torch.arange(2.0 * n).view(n, 2), torch.arange(n))
+    return MapItems(n, kind, fault, at, loader_class, lie if wrap == "lies" else 0)
+
+
+def shift(dataset, by: int) -> None:
+    """Add ``by`` to the offset of every dataset inside ``dataset`` (the loop's "mutate")."""
+    if hasattr(dataset, "offset"):
+        dataset.offset += by
+    inner = getattr(dataset, "datasets", None) or [getattr(dataset, "dataset", None)]
+    if isinstance(inner, dict):
+        inner = list(inner.values())
+    for each in inner:
+        if each is not None:
+            shift(each, by)
 
 
 def canon(value):
@@ -272,6 +520,8 @@ def canon(value):
         return ("D", type(value).__name__, [(k, canon(v)) for k, v in value.items()])
     if isinstance(value, list | tuple):
         return (type(value).__name__, [canon(v) for v in value])
+    if isinstance(value, types.GeneratorType):  # the "generator" collate's batch
+        return ("Gen", [canon(v) for v in value])
     if isinstance(value, str | bytes | int | float | bool) or value is None:
         return ("V", type(value).__name__, value)
     return ("O", type(value).__name__, repr(value))
