@@ -1136,11 +1136,13 @@ class _EpochIterator:
                 (n for n in self.receiver.pipeline.stage_names if payload.step in n.split("+")),
                 payload.step,
             )
+            reader = turns.last_reader if turns is not None else 0  # one reader: worker 0
             failure = StageFailed(stage, self._num_yielded, payload.error,
-                                  payload.traceback_text, payload.error_type)  # fmt: skip
+                                  payload.traceback_text, payload.error_type,
+                                  worker=reader)  # fmt: skip
             if self._num_workers == 0 and failure.error_type in _RAISED_AS_ITSELF:
                 raise _as_itself(failure) from failure
-            raise as_raised_type(failure)
+            raise as_raised_type(failure, in_worker=self._num_workers > 0)
         if isinstance(payload, CollateHere):
             # A batch that could not leave the worker (num_workers=0): collated here, as
             # torch's single-process loader collates every batch.
@@ -1274,6 +1276,7 @@ class _ReaderTurns:
         self._turn = 0
         self._arrivals = itertools.count()
         self._unknown: collections.deque = collections.deque()
+        self.last_reader = -1  # whose batch was handed out last (-1: not known)
 
     def add(self, seed: int, samples: int, payload: Any) -> None:
         """A batch from the pipeline."""
@@ -1292,6 +1295,7 @@ class _ReaderTurns:
         """``(samples, batch)`` to hand out now, or ``None``: the reader whose turn it is has
         not delivered it yet."""
         if self._unknown:
+            self.last_reader = -1
             return self._unknown.popleft()
         if sum(len(held) for held in self._held) > self._most_held:
             oldest = min((held[0][0], r) for r, held in enumerate(self._held) if held)[1]
@@ -1310,6 +1314,7 @@ class _ReaderTurns:
         """Hand out ``reader``'s oldest held batch, and tell the reader."""
         if self._handed is not None:
             self._handed[1 + reader] += 1
+        self.last_reader = reader
         return self._held[reader].popleft()[1:]
 
     def ended(self) -> bool:

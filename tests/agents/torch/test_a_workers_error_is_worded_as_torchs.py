@@ -67,3 +67,27 @@ def test_without_workers_the_message_holds_the_errors_own_as_torchs():
     ours = _first_error(DataLoader, kind, 0)
     assert str(torchs) in str(ours)
     assert "DataLoader worker process" not in str(ours)
+
+
+class Shards(torch.utils.data.IterableDataset):
+    """Each worker reads its share; worker 1 fails at its second row."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for k, i in enumerate(range(worker, 12, workers)):
+            if worker == 1 and k == 1:
+                raise KeyError(f"row {i} is bad")
+            yield i
+
+
+def test_an_iterable_readers_error_names_that_reader_as_torchs():
+    def first(loader_class) -> str:
+        with pytest.raises(KeyError) as raised:
+            for _ in loader_class(Shards(), batch_size=None, num_workers=2):
+                pass
+        return str(raised.value)
+
+    torchs, ours = first(torch.utils.data.DataLoader), first(DataLoader)
+    assert torchs.startswith("Caught KeyError in DataLoader worker process 1.")
+    assert ours.splitlines()[:2] == torchs.splitlines()[:2], ours
