@@ -53,13 +53,10 @@ class StageFailed(RuntimeError):
 
     def __str__(self) -> str:
         if self.__dict__.get("where") and self.traceback_text:
-            # torch's ExceptionWrapper's words, which scripts and log searches look for; the
-            # stage and batch follow the worker's traceback.
+            # torch's ExceptionWrapper's words, which scripts and log searches look for, to the
+            # last line, the original error (the stage and batch are in .stage and .seq).
             kind = self.error_type.rsplit(":", 1)[-1].rsplit(".", 1)[-1] or "Exception"
-            return (
-                f"Caught {kind} {self.where}.\nOriginal {self.traceback_text.rstrip()}\n"
-                f"(stage '{self.stage}', batch {self.seq})"
-            )
+            return f"Caught {kind} {self.where}.\nOriginal {self.traceback_text.rstrip()}"
         return BaseException.__str__(self)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -74,7 +74,9 @@ def outcomes(loader) -> list:
     return out
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+# Three explicit cases and one generated, for the suite's time (46 s with three generated in
+# the clean-clone run of 15:40); the parity hunter draws the rest.
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
 @example(readers=2, batch_size=1, slow=1, failing=0, at=3, where="row", persistent=True)
 @example(readers=2, batch_size=2, slow=1, failing=0, at=4, where="collate", persistent=False)
 @example(readers=3, batch_size=1, slow=0, failing=2, at=0, where="iter", persistent=True)

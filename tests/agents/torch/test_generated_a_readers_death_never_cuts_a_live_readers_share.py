@@ -32,7 +32,7 @@ from agents.torch.steps import Read
 from tests.agents.pipeline.stress import Burner
 from tests.agents.torch.conftest import skip_errors_epoch
 
-SHORT = int(os.environ.get("INTUNE_READER_DEATH_CASES", "4"))
+SHORT = int(os.environ.get("INTUNE_READER_DEATH_CASES", "3"))
 EPOCH_BOUND_S = 60.0  # each next() is bounded by the loader's timeout (20 s) too
 
 

@@ -62,16 +62,18 @@ SCRIPT = textwrap.dedent(
 
     urls = "shard-{0..3}.tar"
     results = {}
-    # (workers, persistent, shuffle): each worker count, both ways of each option
+    # (workers, persistent, shuffle): one worker (tuned under intune-run) both ways of each
+    # option, and two (torch's loader under intune-run: an IterableDataset's readers shard by
+    # worker id); the suite's time: 42 s with 0, 2 and 3 workers each way (library_hunt has them)
     for workers, persistent, shuffle in [(0, False, True), (1, False, False), (1, True, True),
-                                         (2, False, True), (2, True, False), (3, False, True)]:
+                                         (2, True, False)]:
         ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode().map(checked)
         if shuffle:
             ds = ds.shuffle(8, seed=5)
         loader = DataLoader(ds, batch_size=4, num_workers=workers, persistent_workers=persistent)
         key = f"DataLoader workers={workers} persistent={persistent} shuffle={shuffle}"
         results[key] = epochs(loader, leave_at=(0, 3))
-    for workers in (1, 2):
+    for workers in (1,):
         ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode().map(checked)
         loader = wds.WebLoader(ds.batched(5), batch_size=None, num_workers=workers)
         loader = loader.unbatched().shuffle(6, seed=2).batched(4).with_epoch(9)
@@ -85,7 +87,7 @@ def test_webdatasets_batches_errors_and_early_exits_are_torchs_under_intune_run(
     pytest.importorskip("webdataset")
     torchs, _ = _run(SCRIPT, tmp_path, patch=False)
     ours, log = _run(SCRIPT, tmp_path, patch=True)
-    assert len(torchs) == 8
+    assert len(torchs) == 5
     for key in torchs:
         assert ours[key] == torchs[key], key
     first = torchs["DataLoader workers=1 persistent=False shuffle=False"]

@@ -162,12 +162,12 @@ def test_a_failing_sample_raises_naming_the_stage_and_the_error():
     got = []
     with pytest.raises(
         StageFailed,
-        match=r"(?s)^Caught KeyError in DataLoader worker process \d.*KeyError: 'no row 6'\n"
-        r"\(stage 'fetch\+collate', batch 1\)$",
+        match=r"(?s)^Caught KeyError in DataLoader worker process \d.*KeyError: 'no row 6'$",
     ) as caught:
         for batch in loader:
             got.append(batch)
     assert isinstance(caught.value, RuntimeError)
+    assert caught.value.stage == "fetch+collate"
     assert [int(b[0]) for b in got] == [0], "the batches before the failing one were delivered"
     loader.close()
 
