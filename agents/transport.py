@@ -12,7 +12,7 @@ that ends while ``intune-run`` still reads the job's stages from a control plane
 and never answers waited for that read's bound (up to 6 s) before it could exit; one that
 ended while the attach still connected to an address that drops packets waited out the
 connect's 5 s timeout (4.6 s after the script's end against torch's 0.1 s), so connects are
-cut too.
+cut too, and so is the name's lookup before them (:func:`_lookup`).
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ class Cancel:
     end-of-file at once, which httpx raises as a ``RemoteProtocolError``), their TCP connects
     under way (a shutdown of a socket still waiting for the SYN's answer ends the connect at
     once with ``ECONNRESET``, raised as ``httpcore.ConnectError``), and refuses their later
-    connects and reads (``httpcore.ConnectError``). Not cut: the name's lookup before a
-    connect (``getaddrinfo`` blocks in libc; an address given as an IP has none)."""
+    connects and reads (``httpcore.ConnectError``), and the name lookups under way (their
+    waits end; see :func:`_lookup`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._set = False
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self._waits: weakref.WeakSet[threading.Event] = weakref.WeakSet()
 
     def is_set(self) -> bool:
         """Whether ``set()`` was called."""
@@ -58,8 +59,11 @@ class Cancel:
         with self._lock:
             self._set = True
             sockets = list(self._sockets)
+            waits = list(self._waits)
         for sock in sockets:
             _shut(sock)
+        for wait in waits:
+            wait.set()
 
     def check(self) -> None:
         """Raise ``httpcore.ConnectError`` once set."""
@@ -81,6 +85,14 @@ class Cancel:
                 return
         _shut(sock)
         self.check()
+
+    def track_wait(self, wait: threading.Event) -> None:
+        """Set ``wait`` at ``set()`` (at once if set already)."""
+        with self._lock:
+            if not self._set:
+                self._waits.add(wait)
+                return
+        wait.set()
 
 
 def _shut(sock: socket.socket) -> None:
@@ -151,23 +163,19 @@ class _DeadlineStream(httpcore.NetworkStream):
 class _DeadlineBackend(httpcore.NetworkBackend):
     def __init__(self, cancel: Cancel | None) -> None:
         self._backend = httpcore.SyncBackend()
-        self._cancel = cancel
+        # One never set where the client has none: its connects and lookups are bounded by
+        # the request's deadline all the same (httpcore's own backend looks up without bound).
+        self._cancel = cancel if cancel is not None else Cancel()
 
     def _opened(self, stream: httpcore.NetworkStream) -> _DeadlineStream:
-        if self._cancel is not None:
-            try:
-                self._cancel.track(stream)
-            except httpcore.ConnectError:
-                stream.close()
-                raise
+        try:
+            self._cancel.track(stream)
+        except httpcore.ConnectError:
+            stream.close()
+            raise
         return _DeadlineStream(stream, self._cancel)
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001
-        if self._cancel is None:
-            timeout = _left(timeout, httpcore.ConnectTimeout)
-            return self._opened(
-                self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
-            )
         self._cancel.check()
         sock = _connect_tcp(host, port, timeout, local_address, self._cancel)
         for option in socket_options or []:
@@ -176,8 +184,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         return self._opened(SyncStream(sock))
 
     def connect_unix_socket(self, path, timeout=None, socket_options=None):  # noqa: ANN001
-        if self._cancel is not None:
-            self._cancel.check()
+        self._cancel.check()
         timeout = _left(timeout, httpcore.ConnectTimeout)
         return self._opened(self._backend.connect_unix_socket(path, timeout, socket_options))
 
@@ -193,10 +200,7 @@ def _connect_tcp(
     at once; httpcore's errors (``ConnectTimeout``, ``ConnectError``) as its backend raises
     them."""
     source = None if local_address is None else (local_address, 0)
-    try:
-        addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
-    except OSError as exc:
-        raise httpcore.ConnectError(str(exc)) from exc
+    addresses = _lookup(host, port, timeout, cancel)
     error: Exception = httpcore.ConnectError(f"{host}:{port} has no address")
     for family, kind, proto, _, address in addresses:
         sock = socket.socket(family, kind, proto)
@@ -222,6 +226,52 @@ def _connect_tcp(
         if cancel.is_set():
             raise httpcore.ConnectError(f"the connect to {host}:{port} was cancelled: {error}")
     raise error
+
+
+# A lookup with no bound of its own (a client without a connect timeout) still ends: glibc's
+# resolver gives up after timeout x attempts x nameservers, 5 x 2 x 3 = 30 s by default.
+LOOKUP_MAX_S = 30.0
+
+
+def _lookup(host: str, port: int, timeout: float | None, cancel: Cancel) -> list:
+    """``socket.getaddrinfo(host, port)`` for a TCP connect, bounded by the request's connect
+    timeout and deadline, and cut by ``cancel``.
+
+    ``getaddrinfo`` blocks in libc and nothing interrupts it: a resolver that does not answer
+    (a nameserver behind a firewall that drops, a DNS outage) held the connect for the
+    resolver's own timeouts, up to 30 s with glibc's defaults, past the request's deadline and
+    past a ``Cancel`` (a script ending under ``intune-run`` waited for it until
+    ``ATTACH_WAIT_AT_EXIT_S``). An address given as an IP is taken at once; a name is looked up
+    on a daemon thread of its own, which is left to finish alone when the wait ends first (it
+    holds no lock and writes only to its own result)."""
+    try:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError):
+        pass  # a name, not an address
+    found: list = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def look_up() -> None:
+        try:
+            found.extend(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    cancel.track_wait(done)
+    threading.Thread(target=look_up, name=f"intune-lookup-{host}", daemon=True).start()
+    bound = _left(timeout, httpcore.ConnectTimeout)
+    if not done.wait(LOOKUP_MAX_S if bound is None else min(bound, LOOKUP_MAX_S)):
+        raise httpcore.ConnectTimeout(
+            f"looking up {host!r} took longer than the connect's bound: is its DNS answering?"
+        )
+    if cancel.is_set() and not (found or failed):
+        raise httpcore.ConnectError(f"the lookup of {host!r} was cancelled: the process is exiting")
+    if failed:
+        raise httpcore.ConnectError(f"{host!r} could not be looked up: {failed[0]}") from failed[0]
+    return found
 
 
 # How long an idle connection to the control plane is kept for the next request. httpx's
