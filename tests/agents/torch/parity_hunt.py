@@ -357,7 +357,19 @@ def compare(case: dict, ours: list[dict], theirs: list[dict]) -> None:
         if k == ends and k <= defined:
             return
         if k == defined:
-            _first_error(where, a["out"], b["out"])
+            _first_error(where, a["out"], b["out"], case)
+            return
+        if (
+            case["init"] == "raises"
+            and case["options"].get("persistent_workers")
+            and case["options"]["num_workers"]
+            and a["op"][0] in ("twice", "zip")
+        ):
+            # A persistent worker whose worker_init_fn raised answers the first index it is
+            # sent with that error, once: torch's worker sends it to the first iterator's
+            # index even when that iterator was dropped (iter() twice: the second resets the
+            # workers, and the error is discarded with the old epoch's batches; seed 2043).
+            # Ours raises it to the iterator that reads. Not compared from here on.
             return
         cut = case["fault"] == "StopIteration" and k  # an epoch it ended early
         drawn_ahead = case["sampling"] == "shuffle" or case.get("form") == "generator"
@@ -377,6 +389,12 @@ def compare(case: dict, ours: list[dict], theirs: list[dict]) -> None:
                 # ends the epoch are any of them (seed 6254: torch's 9 of 11, ours 5).
                 continue
             outs_a, outs_b = sorted(outs_a, key=repr), sorted(outs_b, key=repr)
+            if case.get("wrap") == "forever":
+                # An endless epoch in any order, cut at the loop's limit: which of the
+                # workers' batches come before the cut is the workers' speed (seed 2030:
+                # ours held rows from 21 on, torch's from 203). The count is compared.
+                assert len(outs_a) == len(outs_b), f"{where}: {len(outs_a)} != {len(outs_b)}"
+                continue
         elif a["op"][0] == "threads":
             outs_b = sorted(outs_b[:-1], key=repr) + outs_b[-1:]
         assert len(outs_a) == len(outs_b), f"{where}: {_short(outs_a)} != torch's {_short(outs_b)}"
@@ -387,10 +405,21 @@ def compare(case: dict, ours: list[dict], theirs: list[dict]) -> None:
         assert a["warn"] == b["warn"], f"{where}: warnings {a['warn']} != torch's {b['warn']}"
 
 
-def _first_error(where: str, ours: list, theirs: list) -> None:
+# What torch's loop can raise when a worker died while it handed a batch over by file
+# descriptor: the main process connects to the dead worker's resource sharer
+# (multiprocessing.resource_sharer), whose socket is gone (seed 2042, a KeyboardInterrupt in
+# __getitem__ ends torch's worker quietly). A race in torch, not a defined outcome.
+SHARER_ERRORS = ("FileNotFoundError", "ConnectionRefusedError", "ConnectionResetError")
+
+
+def _first_error(where: str, ours: list, theirs: list, case: dict) -> None:
     first = [o for o in ours if o[0] == "e"][:1]
     expected = [o for o in theirs if o[0] == "e"][:1]
     assert len(first) == len(expected), f"{where}: {_short(ours)} != torch's {_short(theirs)}"
+    if case["fault"] == "KeyboardInterrupt" and expected[0][1][0] in SHARER_ERRORS:
+        # ours names the worker's end as torch's loop does when it sees it: a RuntimeError
+        assert "RuntimeError" in first[0][1], f"{where}: ours {_show(first[0])}"
+        return
     _same(where, first[0], expected[0])
 
 
