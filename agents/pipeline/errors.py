@@ -52,6 +52,8 @@ class StageFailed(RuntimeError):
         )
 
     def __str__(self) -> str:
+        if self.__dict__.get("where") == RAISED_HERE and self.traceback_text:
+            return _as_raised_here(self)
         if self.__dict__.get("where") and self.traceback_text:
             # torch's ExceptionWrapper's words, which scripts and log searches look for, to the
             # last line, the original error (the stage and batch are in .stage and .seq).
@@ -65,6 +67,39 @@ class StageFailed(RuntimeError):
         # message alone; the class ``as_raised_type`` makes exists in this process only).
         fields = (self.stage, self.seq, self.error, self.traceback_text, self.error_type)
         return (_rebuild, (fields, self.source_seq, type(self) is not StageFailed), self.__dict__)
+
+
+# ``StageFailed.where`` of an error that torch's loader would have raised in the training
+# process itself (a loader without workers): see ``_as_raised_here``.
+RAISED_HERE = "here"
+
+
+def _as_raised_here(failure: StageFailed) -> str:
+    """The message of an error torch's loader without workers raises itself: the original
+    error's own message first (so that the script's stderr ends ``ValueError: row 8 is bad``
+    as torch's, and a search for it finds it), then where ours raised it and its frames there,
+    indented under it. Ours runs even a ``num_workers=0`` loader in a process of its own, to
+    resize it live; its words were "stage 'fetch+collate' failed on item 0: ValueError: ..."
+    and the worker's whole traceback, a second "Traceback" and error line in the script's
+    stderr (the exit hunter, seed 9106)."""
+    kind = failure.error_type.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    said = failure.error
+    if kind and said.startswith(f"{kind}: "):
+        said = said[len(kind) + 2 :]
+    elif said == kind:
+        said = ""
+    lines = failure.traceback_text.rstrip().splitlines()
+    if lines and lines[0].startswith("Traceback"):
+        lines = lines[1:]
+    ending = failure.error.splitlines()
+    if ending and lines[-len(ending) :] == ending:
+        lines = lines[: -len(ending)]
+    frames = "\n".join(f"  {line}" for line in lines)
+    return (
+        f"{said}\n  (in stage '{failure.stage}', batch {failure.seq}, in the process of its own "
+        f"that runs a loader without workers, so that it can be resized live; most recent "
+        f"call last:)\n{frames}"
+    )
 
 
 class LayoutBusy(AllocationError):
@@ -101,7 +136,7 @@ def _rebuild(fields: tuple, source_seq: int, raised_type: bool) -> BaseException
 _BOTH_TYPES: dict[type, type | None] = {}
 
 
-def as_raised_type(failure: StageFailed, in_worker: bool = False) -> BaseException:
+def as_raised_type(failure: StageFailed, in_worker: bool | None = None) -> BaseException:
     """The stage's error as torch's DataLoader raises a worker's: of the type the dataset (or
     collate_fn, ...) raised, so that ``except KeyError`` in a training loop catches it.
 
@@ -118,6 +153,8 @@ def as_raised_type(failure: StageFailed, in_worker: bool = False) -> BaseExcepti
     without them torch raises the error itself, and ours keeps its own words."""
     if in_worker and failure.worker >= 0:
         failure.where = f"in DataLoader worker process {failure.worker}"
+    elif in_worker is False:
+        failure.where = RAISED_HERE  # torch's loader without workers raises it itself
     kind = _resolve_type(failure.error_type)
     if kind is None or not issubclass(kind, Exception) or isinstance(failure, kind):
         return failure

@@ -50,9 +50,9 @@ def test_an_error_in_a_worker_is_raised_as_its_own_type_and_as_stagefailed(error
         assert isinstance(caught.value, StageFailed)
         if num_workers:  # torch's words for a worker's error; the stage an attribute
             assert str(caught.value).startswith(f"Caught {type(error).__name__} in DataLoader")
-            assert caught.value.stage == "fetch+collate" and caught.value.seq == 1
-        else:
-            assert "stage 'fetch+collate' failed" in str(caught.value)
+        else:  # the error's own message first, as torch's raises it; then where it was
+            assert "in stage 'fetch+collate', batch 1" in str(caught.value)
+        assert caught.value.stage == "fetch+collate" and caught.value.seq == 1
         assert type(error).__name__ in caught.value.traceback_text
         if isinstance(error, OSError):  # as torch's, built from the message: no errno
             assert caught.value.errno is None and caught.value.filename is None
