@@ -179,13 +179,19 @@ CHOICE = textwrap.dedent(
     """
     import time, torch
     from torch.utils.data import DataLoader
+    from agents.torch import auto
 
     small = DataLoader(list(range(8)), batch_size=4, num_workers=1)     # #0: 2 batches
     large = DataLoader(list(range(80)), batch_size=4, num_workers=1)    # #1: 20 batches
     other = DataLoader(list(range(40)), batch_size=4, num_workers=1)    # #2: 10 batches
     for loader in (small, large, other):   # the small one first, as a sanity check would
         assert [int(x) for b in loader for x in b] == list(loader.dataset)
-    time.sleep(2)  # the attach runs in a thread of its own
+    # The attach runs in a thread of its own: the script ends once it has, bounded (it slept a
+    # fixed 2 s; the exit cancels an attach under way).
+    deadline = time.monotonic() + 30
+    for thread in list(auto._tuned.attaching):
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in auto._tuned.attaching), "the attach did not end"
     """
 )
 
@@ -202,9 +208,12 @@ def test_the_loader_tuned_is_the_largest_or_the_one_named(choice, tuned, tmp_pat
 
 
 def test_a_script_that_attaches_its_own_loader_is_left_to_it(tmp_path):
-    script = CHOICE.replace(
-        "for loader in", "import agents\nagent = agents.attach(small)\nfor loader in"
-    ).replace("time.sleep(2)", "time.sleep(2)\nagent.stop()")
+    script = (
+        CHOICE.replace(
+            "for loader in", "import agents\nagent = agents.attach(small)\nfor loader in"
+        )
+        + "agent.stop()\n"
+    )
     (tmp_path / "own.py").write_text(script)
     done = _run("--", sys.executable, str(tmp_path / "own.py"), **IDENTITY)
     assert done.returncode == 0, done.stderr

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -96,12 +97,46 @@ def agent_config(registered: dict, **settings) -> dict:
 
 
 class Run:
-    """One run of the agent in the background; ``finish`` waits for its events."""
+    """One run of the agent in the background; its events are read as it writes them
+    (``wait_for``), ``finish`` waits for the last of them."""
 
     def __init__(self, config: dict, directory: Path):
         self.config = config
         self.process = node("run", config, directory)
         self.events: list[dict] = []
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+            for stream, lines in (
+                (self.process.stdout, self.lines),
+                (self.process.stderr, self.errors),
+            )
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line.decode())
+
+    def wait_for(self, kind: str, description: str, bound_s: float = 30, **match) -> dict:
+        """The first event of ``kind`` with ``match``'s values the agent has written, waited for
+        ``bound_s`` at most."""
+
+        def written():
+            events = [json.loads(line) for line in list(self.lines) if line.strip()]
+            return next(
+                (
+                    e
+                    for e in events
+                    if e.get("event") == kind and all(e.get(k) == v for k, v in match.items())
+                ),
+                None,
+            )
+
+        return wait_until(written, bound_s, interval=0.05, what=description)
 
     def stop_once(self, condition, what: str, bound_s: float = 30) -> None:
         """SIGTERM the agent (it stops, then ships what it buffered) once ``condition`` holds:
@@ -110,9 +145,11 @@ class Run:
         self.process.terminate()
 
     def finish(self) -> list[dict]:
-        out, err = self.process.communicate(timeout=self.config["seconds"] + NODE_S)
-        assert self.process.returncode == 0, err.decode()
-        self.events = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+        self.process.wait(timeout=self.config["seconds"] + NODE_S)
+        for reader in self.readers:  # the pipes close with the agent
+            reader.join(10)
+        assert self.process.returncode == 0, "".join(self.errors)
+        self.events = [json.loads(line) for line in self.lines if line.strip()]
         answered = {e["status"] for e in self.events if e["event"] in ("batch", "poll", "retry")}
         # Every answer is one the doc lists for these endpoints (None: no answer, the server
         # away); a 500 or a 502 would be a defect whatever the agent made of it.
@@ -240,7 +277,9 @@ def test_a_node_agent_rides_out_a_web_server_restart_and_loses_nothing(stack, tm
     run = Run(agent_config(registered, seconds=14, poll_wait_s=30), tmp_path)
     wait_until(lambda: host_record(stack, host_id)["applied_version"] == 1, 20, what="version 1")
     stack.group.kill("web")
-    time.sleep(3)  # the agent buffers, its requests refused
+    # The agent buffers, its requests refused: the server is started again once a batch has
+    # been refused (it slept a fixed 3 s here), and is away while it starts.
+    run.wait_for("retry", "a batch refused while the server is away", what="batch", status=None)
     stack.start_service("web")
     stack.wait_healthy()
     version = override(stack, host_id, {"workers": {"read": 3, "parse": 2}, "reason": "after"})[
@@ -287,7 +326,8 @@ def test_a_node_agent_waits_out_a_503_while_the_database_is_away_and_loses_nothi
     wait_until(lambda: host_record(stack, host_id)["applied_version"] == 1, 20, what="version 1")
     block_connections(stack, allowed=False)
     try:
-        time.sleep(4)
+        # Away until a batch has been answered 503 (a fixed 4 s before).
+        run.wait_for("retry", "a batch answered 503", what="batch", status=503)
     finally:
         block_connections(stack, allowed=True)
     stored = stack.stored_samples(registered["job_id"])

@@ -18,10 +18,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from agents.torch import DataLoader
 
@@ -160,9 +163,15 @@ def _outcomes(loader, bound_s: float = BOUND_S, torchs: bool = False) -> tuple[l
 
 
 # torch's outcome for each (worker_init_fn, iterable), which ``fuse`` (ours alone) does not
-# change: each run of torch's takes its 5 s status-check interval (MP_STATUS_CHECK_INTERVAL,
-# fixed when torch is imported) to see its dead workers, so it is run once, not once a fuse.
+# change: it is run once, not once a fuse.
 _TORCHS: dict[tuple, list] = {}
+# torch sees its dead workers when a wait for a batch times out, after its status-check
+# interval (MP_STATUS_CHECK_INTERVAL, 5 s: the default of _try_get_data's timeout, fixed when
+# torch is imported), unless its SIGCHLD handler raises first: three of the four runs took
+# 5.05 to 5.10 s, 0.24 to 0.27 s each with the interval at 0.2 s (torch 2.13, 2026-11-29), and
+# the same RuntimeError ("DataLoader worker (pid(s) N) exited unexpectedly"). Only the interval
+# of torch's waits without a timeout of their own is shortened, and only for these runs.
+TORCHS_STATUS_CHECK_S = 0.2
 
 
 def _torchs_outcomes(how, iterable: bool) -> list:
@@ -170,7 +179,10 @@ def _torchs_outcomes(how, iterable: bool) -> list:
         dataset = Rows(16) if iterable else list(range(16))
         loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2,
                                              worker_init_fn=how)  # fmt: skip
-        _TORCHS[how, iterable] = _outcomes(loader, torchs=True)[0]
+        try_get_data = _MultiProcessingDataLoaderIter._try_get_data
+        assert try_get_data.__defaults__ == (MP_STATUS_CHECK_INTERVAL,), "torch's wait changed"
+        with mock.patch.object(try_get_data, "__defaults__", (TORCHS_STATUS_CHECK_S,)):
+            _TORCHS[how, iterable] = _outcomes(loader, torchs=True)[0]
     return _TORCHS[how, iterable]
 
 
