@@ -377,12 +377,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             step = Step(fn, setup, per_sample=True, batched=batched, position=len(stages),
                         name=name if named else "")  # fmt: skip
             stages.append(self._stage(name, step, init=start))
-        collate = Step(own_collate(self.collate_fn), setup, position=len(stages),
-                       name="collate" if named else "",
-                       collates_here=self.num_workers == 0)  # fmt: skip
-        stages.append(self._stage("collate", collate, workers, init=start))
-        for name, fn in self._batch_transforms:
-            step = Step(fn, setup, position=len(stages), name=name if named else "")
+        for name, fn in self._batch_functions():
+            collate = name == "collate"
+            step = Step(own_collate(fn) if collate else fn, setup, position=len(stages),
+                        name=name if named else "",
+                        collates_here=collate and self.num_workers == 0)  # fmt: skip
             stages.append(self._stage(name, step, workers, init=start))
         stages = fuse_groups(stages, self._fusion([s.name for s in stages]))
         source = _PlanSource(self._plans if self.persistent_workers else None)
@@ -400,6 +399,20 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pipeline.source.stopping = pipeline._stop
         pipeline.apply(self._allocation)  # an unstarted pipeline only records it
         return pipeline
+
+    def _batch_functions(self) -> list[tuple[str, Callable[[Any], Any]]]:
+        """``collate_fn`` then each of ``batch_transforms``, with their stages' names: what
+        makes a batch's samples the batch the loop gets, in the workers' stages or, for a
+        batch that cannot leave a worker (``CollateHere``), in the training process."""
+        return [("collate", self.collate_fn), *self._batch_transforms]
+
+    def _collated_here(self, samples: Any) -> Any:
+        """A ``CollateHere`` batch's samples collated and transformed in the training
+        process, as torch's single-process loader collates every batch."""
+        batch = samples
+        for _, fn in self._batch_functions():
+            batch = fn(batch)
+        return batch
 
     def _fusion(self, names: list[str]) -> str | Sequence[str] | None:
         """The fusion groups: ``fuse`` as given, or for ``"auto"`` every per-sample step,
@@ -1144,8 +1157,8 @@ class _EpochIterator:
             raise
         if lost:
             self._stats.taken(0)
-            stage = next(n for n in self.receiver.pipeline.stage_names if "read" in n.split("+"))
-            raise StageFailed(stage, -1, payload.error, "(the reader's replacement found it)\n")
+            raise StageFailed(self._stage_of("read"), -1, payload.error,
+                              "(the reader's replacement found it)\n")  # fmt: skip
         if isinstance(payload, EpochEnd):
             self._stats.taken(0, batch=False)
             if self._place is not None:
@@ -1162,23 +1175,16 @@ class _EpochIterator:
             # A reader's failed batch, at its reader's turn (see BatchFailed).
             self._stats.taken(0)
             self._placed()
-            stage = next(
-                (n for n in self.receiver.pipeline.stage_names if payload.step in n.split("+")),
-                payload.step,
-            )
             reader = turns.last_reader if turns is not None else 0  # one reader: worker 0
-            failure = StageFailed(stage, self._num_yielded, payload.error,
+            failure = StageFailed(self._stage_of(payload.step), self._num_yielded, payload.error,
                                   payload.traceback_text, payload.error_type,
                                   worker=reader)  # fmt: skip
             if self._num_workers == 0 and failure.error_type in _RAISED_AS_ITSELF:
                 raise _as_itself(failure) from failure
             raise as_raised_type(failure, in_worker=self._num_workers > 0)
         if isinstance(payload, CollateHere):
-            # A batch that could not leave the worker (num_workers=0): collated here, as
-            # torch's single-process loader collates every batch.
-            payload = self.loader.collate_fn(payload.samples)
-            for _, transform in self.loader._batch_transforms:
-                payload = transform(payload)
+            # A batch that could not leave the worker (num_workers=0): collated here.
+            payload = self.loader._collated_here(payload.samples)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -1191,6 +1197,12 @@ class _EpochIterator:
                 _warn_past_len(self.loader.dataset, self._len_called, self._num_yielded,
                                self._num_workers)  # fmt: skip
         return payload
+
+    def _stage_of(self, step: str) -> str:
+        """The name of the pipeline's stage that runs ``step`` (a fused one's ``read+collate``
+        for ``read``; the step's own name where no stage runs it)."""
+        names = self.receiver.pipeline.stage_names
+        return next((name for name in names if step in name.split("+")), step)
 
     def _placed(self) -> None:
         """One more of the sampler's batches handed out (or raised) for ``state_dict()``."""
