@@ -263,7 +263,14 @@ class InitWatch:
     death, and the runtime's limit of three deaths per item failed an item before ours (a
     second error); a live reader slow to start found the dead one's two deaths and refused its
     own share. 3 readers, reader 1's ``worker_init_fn`` exiting, under two busy CPUs: 4 epochs
-    of 16 failed so, none of 16 since (in CI about 28 replacements died in a row)."""
+    of 16 failed so, none of 16 since (in CI about 28 replacements died in a row).
+
+    Every worker also stops once the deaths in a row of any workers (none came out between
+    them) come from ``INIT_DEATHS_LIMIT`` counts: a ``worker_init_fn`` that kills every
+    reader stops them all after two deaths, as one count did. Counted per reader alone, two
+    readers died twice each, a tick went from one dying reader to the other, and its third
+    death failed it in the runtime before ours (``test_every_worker_runs_worker_init_fn_as_
+    it_starts_as_torchs.py``)."""
 
     SLOTS = 256  # workers inside worker_init_fn at once that are watched (more: not marked)
 
@@ -275,6 +282,9 @@ class InitWatch:
         # Per count (one per reader, then the other workers'): deaths in a row, the first
         # dead pid, its worker id.
         self.deaths = context.RawArray("q", 3 * (readers + 1))
+        # The deaths in a row of any workers: per count, whether it has one among them; then
+        # how many, the first dead pid, its worker id.
+        self.row = context.RawArray("q", readers + 4)
         self.lock = ProcessLock("the loader's table of workers in worker_init_fn", timeout=60)
 
     def entering(self, worker_id: int) -> int | None:
@@ -302,10 +312,13 @@ class InitWatch:
             if self.marks[3 * place] == os.getpid():
                 self.marks[3 * place] = 0
             self.deaths[3 * self.count_of(worker_id)] = 0
+            for at in range(len(self.row)):
+                self.row[at] = 0
 
     def died(self, worker_id: int) -> int:
-        """How many workers of ``worker_id``'s count died inside ``worker_init_fn`` in a row
-        (counting the newly found deaths of every count)."""
+        """How many workers of ``worker_id``'s count died inside ``worker_init_fn`` in a row,
+        or from how many counts the deaths in a row of any workers came, whichever is more
+        (counting the newly found deaths)."""
         with self.lock:
             for place in range(self.SLOTS):
                 pid = self.marks[3 * place]
@@ -314,11 +327,20 @@ class InitWatch:
                     if not _alive(self.marks[3 * place + 2]):
                         continue  # died with its launcher: says nothing of worker_init_fn
                     dead = self.marks[3 * place + 1]
-                    count = 3 * self.count_of(dead)
-                    if self.deaths[count] == 0:
-                        self.deaths[count + 1], self.deaths[count + 2] = pid, dead
-                    self.deaths[count] += 1
-            return int(self.deaths[3 * self.count_of(worker_id)])
+                    count = self.count_of(dead)
+                    if self.deaths[3 * count] == 0:
+                        self.deaths[3 * count + 1], self.deaths[3 * count + 2] = pid, dead
+                    self.deaths[3 * count] += 1
+                    row = self.readers + 1
+                    if self.row[row] == 0:
+                        self.row[row + 1], self.row[row + 2] = pid, dead
+                    self.row[row] += 1
+                    self.row[count] = 1
+            return max(int(self.deaths[3 * self.count_of(worker_id)]), self._row_counts())
+
+    def _row_counts(self) -> int:
+        """From how many counts the deaths in a row of any workers came."""
+        return sum(int(self.row[count]) for count in range(self.readers + 1))
 
     def inside(self) -> list[tuple[int, int]]:
         """``(worker id, pid)`` of the live workers inside ``worker_init_fn`` now."""
@@ -329,6 +351,9 @@ class InitWatch:
         """The error this worker fails its batches with, naming the first dead one."""
         at = 3 * self.count_of(worker_id)
         count, pid, dead = (int(v) for v in self.deaths[at : at + 3])
+        if count < INIT_DEATHS_LIMIT:  # stopped by the deaths of several counts in a row
+            at = self.readers + 1
+            count, pid, dead = (int(v) for v in self.row[at : at + 3])
         which = f"reader {dead} of the IterableDataset, " if dead < self.readers else ""
         return RuntimeError(
             f"DataLoader worker {dead} ({which}pid {pid}) exited unexpectedly in its "
