@@ -150,7 +150,11 @@ def as_raised_type(failure: StageFailed, in_worker: bool | None = None) -> BaseE
 
     ``in_worker``: the loader has worker processes, so its message is torch's for a worker's
     error ("Caught KeyError in DataLoader worker process 0.\nOriginal Traceback ...");
-    without them torch raises the error itself, and ours keeps its own words."""
+    without them torch raises the error itself, and ours keeps its own words.
+
+    Always a new error: ``failure`` is left as it was (it may be raised again elsewhere, or
+    be another error's cause)."""
+    failure = _copy_of(failure)
     if in_worker and failure.worker >= 0:
         failure.where = f"in DataLoader worker process {failure.worker}"
     elif in_worker is False:
@@ -188,6 +192,18 @@ def as_raised_type(failure: StageFailed, in_worker: bool | None = None) -> BaseE
         return failure
     raised.__cause__ = failure
     return raised
+
+
+def _copy_of(failure: StageFailed) -> StageFailed:
+    """A plain ``StageFailed`` with ``failure``'s fields, ``where``, cause, context and
+    traceback (what raising ``failure`` itself again would have shown)."""
+    fields = (failure.stage, failure.seq, failure.error, failure.traceback_text,
+              failure.error_type)  # fmt: skip
+    copy = StageFailed(*fields, source_seq=failure.source_seq, worker=failure.worker)
+    copy.where = failure.__dict__.get("where", "")
+    copy.__cause__, copy.__context__ = failure.__cause__, failure.__context__
+    copy.__suppress_context__ = failure.__suppress_context__
+    return copy.with_traceback(failure.__traceback__)
 
 
 def _bare_new(kind: type) -> Callable[..., Any]:

@@ -253,7 +253,24 @@ class InitWatch:
     workers) is not counted, and a worker that comes out of ``worker_init_fn`` sets the count
     back to 0 (the deaths must come in a row). Otherwise a slow ``worker_init_fn`` in a
     persistent loader whose workers were killed from outside a few times while in it failed
-    every later batch of every epoch."""
+    every later batch of every epoch.
+
+    The deaths are counted per reader of an IterableDataset (reader ``i``'s replacement is
+    worker ``i`` again, and its ``worker_init_fn`` does what the dead one's did), and once for
+    the other workers (each a new worker id): a reader's deaths are reset by that reader
+    coming out of ``worker_init_fn`` only, and stop that reader only. With one count for all,
+    the live readers set the dead reader's count back to 0 as they came out after its first
+    death, and the runtime's limit of three deaths per item failed an item before ours (a
+    second error); a live reader slow to start found the dead one's two deaths and refused its
+    own share. 3 readers, reader 1's ``worker_init_fn`` exiting, under two busy CPUs: 4 epochs
+    of 16 failed so, none of 16 since (in CI about 28 replacements died in a row).
+
+    Every worker also stops once the deaths in a row of any workers (none came out between
+    them) come from ``INIT_DEATHS_LIMIT`` counts: a ``worker_init_fn`` that kills every
+    reader stops them all after two deaths, as one count did. Counted per reader alone, two
+    readers died twice each, a tick went from one dying reader to the other, and its third
+    death failed it in the runtime before ours (``test_every_worker_runs_worker_init_fn_as_
+    it_starts_as_torchs.py``)."""
 
     SLOTS = 256  # workers inside worker_init_fn at once that are watched (more: not marked)
 
@@ -262,7 +279,12 @@ class InitWatch:
         context = multiprocessing.get_context("fork")
         # (pid, worker id, launcher pid) of a worker in init, or 0s
         self.marks = context.RawArray("q", 3 * self.SLOTS)
-        self.deaths = context.RawArray("q", 3)  # count, first dead pid, its worker id
+        # Per count (one per reader, then the other workers'): deaths in a row, the first
+        # dead pid, its worker id.
+        self.deaths = context.RawArray("q", 3 * (readers + 1))
+        # The deaths in a row of any workers: per count, whether it has one among them; then
+        # how many, the first dead pid, its worker id.
+        self.row = context.RawArray("q", readers + 4)
         self.lock = ProcessLock("the loader's table of workers in worker_init_fn", timeout=60)
 
     def entering(self, worker_id: int) -> int | None:
@@ -277,18 +299,26 @@ class InitWatch:
                     return place
         return None
 
-    def left(self, place: int | None) -> None:
-        """This process came out of ``worker_init_fn`` (returned or raised): the deaths so
-        far were not in a row."""
+    def count_of(self, worker_id: int) -> int:
+        """Which count ``worker_id``'s deaths go to: its own for a reader, else the others'."""
+        return worker_id if 0 <= worker_id < self.readers else self.readers
+
+    def left(self, place: int | None, worker_id: int) -> None:
+        """This process, worker ``worker_id``, came out of ``worker_init_fn`` (returned or
+        raised): the deaths so far of its count were not in a row."""
         if place is None:
             return
         with self.lock:
             if self.marks[3 * place] == os.getpid():
                 self.marks[3 * place] = 0
-            self.deaths[0] = 0
+            self.deaths[3 * self.count_of(worker_id)] = 0
+            for at in range(len(self.row)):
+                self.row[at] = 0
 
-    def died(self) -> int:
-        """How many workers died inside ``worker_init_fn`` (counting the newly found)."""
+    def died(self, worker_id: int) -> int:
+        """How many workers of ``worker_id``'s count died inside ``worker_init_fn`` in a row,
+        or from how many counts the deaths in a row of any workers came, whichever is more
+        (counting the newly found deaths)."""
         with self.lock:
             for place in range(self.SLOTS):
                 pid = self.marks[3 * place]
@@ -296,10 +326,21 @@ class InitWatch:
                     self.marks[3 * place] = 0
                     if not _alive(self.marks[3 * place + 2]):
                         continue  # died with its launcher: says nothing of worker_init_fn
-                    if self.deaths[0] == 0:
-                        self.deaths[1], self.deaths[2] = pid, self.marks[3 * place + 1]
-                    self.deaths[0] += 1
-            return int(self.deaths[0])
+                    dead = self.marks[3 * place + 1]
+                    count = self.count_of(dead)
+                    if self.deaths[3 * count] == 0:
+                        self.deaths[3 * count + 1], self.deaths[3 * count + 2] = pid, dead
+                    self.deaths[3 * count] += 1
+                    row = self.readers + 1
+                    if self.row[row] == 0:
+                        self.row[row + 1], self.row[row + 2] = pid, dead
+                    self.row[row] += 1
+                    self.row[count] = 1
+            return max(int(self.deaths[3 * self.count_of(worker_id)]), self._row_counts())
+
+    def _row_counts(self) -> int:
+        """From how many counts the deaths in a row of any workers came."""
+        return sum(int(self.row[count]) for count in range(self.readers + 1))
 
     def inside(self) -> list[tuple[int, int]]:
         """``(worker id, pid)`` of the live workers inside ``worker_init_fn`` now."""
@@ -308,7 +349,11 @@ class InitWatch:
 
     def error(self, worker_id: int) -> RuntimeError:
         """The error this worker fails its batches with, naming the first dead one."""
-        count, pid, dead = int(self.deaths[0]), int(self.deaths[1]), int(self.deaths[2])
+        at = 3 * self.count_of(worker_id)
+        count, pid, dead = (int(v) for v in self.deaths[at : at + 3])
+        if count < INIT_DEATHS_LIMIT:  # stopped by the deaths of several counts in a row
+            at = self.readers + 1
+            count, pid, dead = (int(v) for v in self.row[at : at + 3])
         which = f"reader {dead} of the IterableDataset, " if dead < self.readers else ""
         return RuntimeError(
             f"DataLoader worker {dead} ({which}pid {pid}) exited unexpectedly in its "
@@ -380,7 +425,7 @@ class WorkerSetup:
         if self.worker_init_fn is None:
             return
         watch = self.watch
-        if watch is not None and watch.died() >= INIT_DEATHS_LIMIT:
+        if watch is not None and watch.died(worker_id) >= INIT_DEATHS_LIMIT:
             exc = watch.error(worker_id)
             _init_failed = (os.getpid(), exc)
             raise exc
@@ -390,7 +435,7 @@ class WorkerSetup:
         except Exception as exc:
             # Not a death: the worker lives on and fails its batches with it, as torch's.
             if watch is not None:
-                watch.left(place)
+                watch.left(place, worker_id)
             _init_failed = (os.getpid(), exc)
             raise
         except BaseException:
@@ -398,7 +443,7 @@ class WorkerSetup:
             # the others to count.
             raise
         if watch is not None:
-            watch.left(place)
+            watch.left(place, worker_id)
 
     def _identity(self) -> tuple[int, int]:
         if self.counter is None:

@@ -332,9 +332,9 @@ def cases(draw, max_items: int = 200, max_epochs: int = 3, max_workers: int = 4)
             # is_torchs.py): a RandomSampler draws from the loader's generator once more when
             # exhausted; torch reads the sampler prefetch_factor * num_workers batches ahead,
             # ours further. The draw torch would not have made is undone at the next iter()
-            # (DataLoader._unread_sampler_end), but where our source is still reading then (a
-            # slow case on a loaded host, the old iterator held) it can come after the next
-            # epoch's shuffle, which then differs from torch's.
+            # (DataLoader._unread_sampler_end), and a source still reading then stops at it
+            # (_SamplerFeed), but where the old iterator is still held ("new_iter") its source
+            # reads on, and its end can come after the next epoch's shuffle.
             action = "full"
         epochs.append((action,) if action == "full" else (action, draw(st.integers(0, 8))))
     if where == "stall":

@@ -9,10 +9,10 @@ it only where a developer installed it (``pip install datasets==5.2.0``).
   ours (tuned), torch's order in every epoch after it. Before, with 2 or 3 workers the
   epochs after the one left had another order: our source had read the sampler to its end,
   whose ``RandomSampler`` draws once more from the generator there, where torch's prefetch
-  had not (``DataLoader._unread_sampler_end``). Left open: a source still reading when the
-  next epoch starts (a slow ``__getitems__`` on a loaded host, the old iterator still held)
-  may draw that end after the next epoch's shuffle; the loop here takes a training step
-  before it leaves.
+  had not (``DataLoader._unread_sampler_end``). A source still reading as the next epoch
+  starts no longer draws that end after the next epoch's shuffle (``_SamplerFeed``); left
+  open where the old iterator is still held (its source reads on, as with ``zip(loader,
+  loader)``). The loop here takes a training step before it leaves.
 - ``with_transform`` (a batch transform that fails on one row: the loop skips that batch).
 - ``to_iterable_dataset(num_shards=4)``, which shards by ``get_worker_info()``, ``.map``,
   ``.shuffle(seed, buffer_size)`` with ``set_epoch``: ours with 1 worker, torch's with more.
