@@ -148,9 +148,10 @@ def as_raised_type(failure: StageFailed, in_worker: bool | None = None) -> BaseE
     (a constructor that wants other arguments), the ``StageFailed`` itself, a
     ``RuntimeError``, as torch's fallback is. Either pickles and unpickles as itself.
 
-    ``in_worker``: the loader has worker processes, so its message is torch's for a worker's
-    error ("Caught KeyError in DataLoader worker process 0.\nOriginal Traceback ...");
-    without them torch raises the error itself, and ours keeps its own words.
+    ``in_worker``: ``True``, the loader has worker processes, so its message is torch's for a
+    worker's error ("Caught KeyError in DataLoader worker process 0.\nOriginal Traceback
+    ..."); ``False``, it has none, and torch raises the error itself, so its message is the
+    error's own, the frames after it (``_as_raised_here``); ``None``, the runtime's own words.
 
     Always a new error: ``failure`` is left as it was (it may be raised again elsewhere, or
     be another error's cause)."""
