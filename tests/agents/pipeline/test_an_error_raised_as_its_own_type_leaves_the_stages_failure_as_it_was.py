@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.pipeline.errors import StageFailed, as_raised_type
+from agents.pipeline.errors import RAISED_HERE, StageFailed, as_raised_type
 
 
 class NeedsTwo(Exception):
@@ -26,8 +26,8 @@ class NeedsTwo(Exception):
         f"{__name__}:NeedsTwo",  # built neither way: the StageFailed
     ],
 )
-@pytest.mark.parametrize("in_worker", [False, True])
-def test_the_failure_given_is_left_as_it_was(error_type: str, in_worker: bool) -> None:
+@pytest.mark.parametrize("in_worker", [None, False, True])
+def test_the_failure_given_is_left_as_it_was(error_type: str, in_worker: bool | None) -> None:
     cause = ValueError("the cause")
     failure = StageFailed("read+collate", 3, "KeyError: 'x'", "Traceback ...\nKeyError: 'x'\n",
                           error_type, source_seq=5, worker=1)  # fmt: skip
@@ -39,5 +39,6 @@ def test_the_failure_given_is_left_as_it_was(error_type: str, in_worker: bool) -
     assert failure.__cause__ is cause
     assert isinstance(raised, StageFailed) or isinstance(raised.__cause__, StageFailed)
     made = raised if isinstance(raised, StageFailed) else raised.__cause__
-    assert made.where == ("in DataLoader worker process 1" if in_worker else "")
+    where = {None: "", False: RAISED_HERE, True: "in DataLoader worker process 1"}[in_worker]
+    assert made.where == where
     assert (made.stage, made.seq, made.source_seq, made.worker) == ("read+collate", 3, 5, 1)
