@@ -326,12 +326,32 @@ def samples_json(samples: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, Mapping):
-        return any(_non_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_non_finite(v) for v in value)
+    """Whether a non-finite float is anywhere in ``value`` (mappings and sequences, nested).
+
+    A loop over the exact types validation builds (dicts, lists, floats, ints, strings, None),
+    the ABCs only for anything else: a batch without ``per_cpu_percent`` writes ``null``, so
+    every such batch is walked, and the recursive walk through ``isinstance`` with the ABCs was
+    68 us of CPU a batch of 5 x 8, 5% of the web processes' in-step samples (py-spy)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is float:
+            if not math.isfinite(item):
+                return True
+        elif kind is dict:
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is int or kind is str or item is None or kind is bool:
+            continue
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
     return False
 
 
