@@ -396,7 +396,7 @@ def _token_hashes(requests) -> list[str]:
 class Gathered:
     """The lean agents' requests that arrive in one turn of the event loop, handed to the pool
     together: one thread serves up to GATHERED_AT_MOST of them (``serve``), and their batches
-    are stored in one transaction.
+    are stored by one statement.
 
     Why: a fleet in step sends its batches and re-arms in the same instant. Handed to the pool
     one by one, each request cost a future, a thread's wake-up and a ``call_soon_threadsafe``
@@ -729,7 +729,7 @@ class AgentFront:
     def _serve_together(self, requests: list[tuple[str, dict, int, bytes]]) -> list:
         """On a thread of the pool: the answers of lean requests gathered from one turn of the
         event loop (``Gathered``), in order. A re-arm's is ``LeanAllocationPoll``'s; a batch's
-        is ``LeanBatchPost``'s, the batches admitted stored in ONE transaction
+        is ``LeanBatchPost``'s, the batches admitted stored by ONE statement
         (``store_together``), each answered only once all are committed; when they cannot be
         stored together, each batch's answer is its ``Admitted``, to be stored alone. A request
         whose handling raised gets its exception (``_Raised``), the others their answers."""

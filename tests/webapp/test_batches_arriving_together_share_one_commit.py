@@ -1,6 +1,6 @@
 """Agents' batches that reach a web process in the same instant are served together
 (``webapp.agent_asgi.Gathered``): one thread takes the group, and its usual batches are stored
-in ONE transaction (``services.store_usual_batches_together``). Each batch is still answered
+by ONE statement (``services.store_usual_batches_together``). Each batch is still answered
 only once it is committed, and a group holding a batch that cannot be stored with the others
 (a resend, a reused sequence number) stores each alone, with the answers a batch alone gets.
 The group's token lookups are one query (``permissions.agent_lookups_read_together``).
