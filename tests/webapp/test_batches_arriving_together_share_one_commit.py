@@ -1,6 +1,6 @@
 """Agents' batches that reach a web process in the same instant are served together
 (``webapp.agent_asgi.Gathered``): one thread takes the group, and its usual batches are stored
-in ONE transaction (``services.store_usual_batches_together``). Each batch is still answered
+by ONE statement (``services.store_usual_batches_together``). Each batch is still answered
 only once it is committed, and a group holding a batch that cannot be stored with the others
 (a resend, a reused sequence number) stores each alone, with the answers a batch alone gets.
 The group's token lookups are one query (``permissions.agent_lookups_read_together``).
@@ -25,6 +25,7 @@ from webapp import agent_asgi, permissions
 from webapp.agent_asgi import AgentFront
 from webapp.ingestion.api import lean
 from webapp.ingestion.models import HostSample, StageSample
+from webapp.jobs.models import Host
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -173,3 +174,57 @@ def test_a_burst_is_served_together_and_each_batch_answered_once_committed(
         assert committed_then == 5
         assert HostSample.objects.filter(host_id=host_id).count() == 5
         assert StageSample.objects.filter(host_id=host_id).count() == 5 * len(stages)
+
+
+def statements_that_stored(host_ids: list[int]) -> int:
+    """How many statements stored these hosts' sample and stage rows: a row's transaction
+    (xmin) and its command within it (cmin) name the statement that inserted it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(DISTINCT (xmin::text, cmin::text)) FROM ("
+            " SELECT xmin, cmin FROM ingestion_hostsample WHERE host_id = ANY(%s)"
+            " UNION ALL SELECT xmin, cmin FROM ingestion_stagesample WHERE host_id = ANY(%s)) r",
+            [host_ids, host_ids],
+        )
+        return cursor.fetchone()[0]
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    hosts=st.lists(
+        st.tuples(st.integers(1, 2), st.integers(0, 3)),  # (batches of the host, dropped each)
+        min_size=2,
+        max_size=8,
+    )
+)
+def test_a_groups_batches_are_stored_by_one_statement(front, make_job, make_host, sample, hosts):
+    job = make_job()
+    stages = job.stage_names
+    requests, host_ids = [], []
+    for batches, dropped in hosts:
+        host, token = make_host(job)
+        host_ids.append(host.pk)
+        for b in range(batches):  # a host's second batch: the next sequence numbers
+            seqs = range(1 + 5 * b, 6 + 5 * b)
+            body = {"samples": [sample(seq, stages, ts=1000.0 + seq) for seq in seqs]}
+            requests.append((host.pk, token, {**body, "dropped_samples": dropped}))
+    front.groups.clear()
+
+    answers = front.burst(requests)
+
+    for status, answer, committed_then in answers:
+        assert (status, answer["stored"], answer["duplicates"]) == (200, 5, 0), answer
+        assert committed_then >= 5
+    # One statement a group, not one a batch (each group's serving stores all its batches).
+    assert statements_that_stored(host_ids) == len(front.groups) < len(requests), front.groups
+    for host_id, (batches, dropped) in zip(host_ids, hosts, strict=True):
+        host = Host.objects.get(pk=host_id)
+        # As the batches one after the other would leave it: every one's dropped samples
+        # counted, the greatest sequence number kept.
+        assert (host.last_seq, host.dropped_samples) == (5 * batches, dropped * batches)
+        assert HostSample.objects.filter(host_id=host_id).count() == 5 * batches
+        assert StageSample.objects.filter(host_id=host_id).count() == 5 * batches * len(stages)

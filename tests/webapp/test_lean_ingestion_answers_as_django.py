@@ -9,8 +9,10 @@ tests: the pool's threads have connections of their own).
 
 import asyncio
 import json
+import math
 import re
 import time
+import types
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -322,6 +324,32 @@ def test_the_statement_reads_what_json_dumps_wrote(value):
     except ValueError:
         return
     assert json.loads(samples_json([value])) == expected
+
+
+# What validation builds (dicts, lists, floats...) and what it does not (tuples, other mappings),
+# with NaN and the infinities anywhere among them.
+ANY_FLOATS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.lists(inner, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3).map(types.MappingProxyType),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=ANY_FLOATS)
+def test_a_non_finite_float_anywhere_is_refused_as_json_dumps_refuses_it(value):
+    from webapp.ingestion.inserts import _non_finite
+
+    def non_finite(v) -> bool:  # the plain definition
+        if isinstance(v, float):
+            return not math.isfinite(v)
+        if isinstance(v, types.MappingProxyType | dict):
+            return any(non_finite(x) for x in v.values())
+        return isinstance(v, list | tuple) and any(non_finite(x) for x in v)
+
+    assert _non_finite([value]) == non_finite(value)
 
 
 @settings(

@@ -26,7 +26,7 @@ from webapp.jobs.services import (
     record_allocation_status,
 )
 
-from .inserts import BatchInsertPostgres, MultiRowInsert, WholeBatchRefused
+from .inserts import BatchInsertPostgres, GroupBatch, MultiRowInsert, WholeBatchRefused
 from .models import HostSample, RankSample, StageSample
 
 log = logging.getLogger(__name__)
@@ -158,27 +158,35 @@ def _stored_usual(host: Host, batch: dict) -> dict:
 
 
 def store_usual_batches_together(batches: list[tuple[Host, dict]]) -> list[dict] | None:
-    """Store usual batches (``is_usual_batch``) of several hosts in ONE transaction, each by its
-    one statement, and commit once: each batch's answer (as ``store_usual_batch``'s), all of
-    them stored and committed when this returns. None, having stored nothing (the transaction
-    rolled back), when any of them is not stored whole (a sample stored before: a resend, a
-    reused sequence number, a copy racing it) or the database refuses one: then each is stored
-    on its own (``store_usual_batch`` or ``store_batch``), which tells those cases apart.
-    Database errors other than that refusal propagate, the transaction rolled back.
+    """Store usual batches (``is_usual_batch``) of several hosts in ONE statement, which is its
+    own transaction: each batch's answer (as ``store_usual_batch``'s), all of them stored and
+    committed when this returns. None, having stored nothing, when any of them is not stored
+    whole (a sample stored before: a resend, a reused sequence number, a copy racing it; or a
+    sequence number twice in the group) or the database refuses one: then each is stored on its
+    own (``store_usual_batch`` or ``store_batch``), which tells those cases apart. Database
+    errors other than that refusal propagate, nothing stored.
 
     Why: a fleet in step posts hundreds of batches in the same instant; a commit per batch cost
     PostgreSQL about a quarter of its CPU for them, and the web process a third of its Python
-    to store them (``python -m benchmarks.group_commit_pg``). The web process gathers the
-    batches that arrive together (webapp/agent_asgi.py) and stores them here. Hosts are taken in
-    id order, so that two processes storing overlapping groups lock the host rows in one order."""
+    to store them (``python -m benchmarks.group_commit_pg``), and a statement per batch in one
+    transaction still cost each batch a round trip and a run of the statement's plan
+    (docs/benchmarks.md, "One statement a group"). The web process gathers the batches that
+    arrive together (webapp/agent_asgi.py) and stores them here."""
     if connection.in_atomic_block:
         return None
-    order = sorted(range(len(batches)), key=lambda i: batches[i][0].pk)
+    group = []
+    for host, batch in batches:
+        status = batch["allocation_status"]
+        group.append(
+            GroupBatch(
+                host.pk,
+                batch["samples"],
+                status["applied_version"] if status else None,
+                batch["dropped_samples"],
+            )
+        )
     try:
-        with transaction.atomic():
-            for i in order:
-                host, batch = batches[i]
-                _insert_on_postgres(host, batch, whole=True)
+        _batch_insert_postgres().run_group(group, now=timezone.now(), status=Host.Status.ONLINE)
     except WholeBatchRefused:
         return None
     return [_stored_usual(host, batch) for host, batch in batches]

@@ -194,7 +194,7 @@ class LeanBatchPost(LeanAgentRequest):
         return self.answer(admitted, result)
 
     def store_together(self, admitted: list[Admitted]) -> list | None:
-        """Store admitted batches of several agents in ONE transaction
+        """Store admitted batches of several agents by ONE statement
         (``services.store_usual_batches_together``): each one's answer, every batch committed
         before this returns; or None, nothing stored, when they must be stored each alone
         (``store_alone``: one is not the usual batch, a sample was stored before, the database
