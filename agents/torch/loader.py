@@ -673,12 +673,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # every batch of the sampler's, a failed one included, is a read: batch k read k
         feed.epoch, feed.indices, feed.next_read = epoch, indices, skipped + len(first)
         feed.ended = not first
+        # The loader, weakly: these items run on the pipeline's source thread, and a persistent
+        # pipeline's source held a left epoch's items while it waited for the next epoch, so
+        # a loader dropped by the script (with its iterator, a cycle) was reachable from that
+        # thread and never collected, and its workers ran on for good (the generated loader
+        # cases: a persistent loader whose worker_init_fn raises, dropped; 5 runs of 6).
+        sampler_lock, loader = self._sampler_lock, weakref.ref(self)
 
         def items() -> Iterator[Item]:
             for idx in first:
                 yield epoch, (len(idx) if batched else 1), idx, fold(epoch_seed, skipped)
             while not feed.ended:
-                with feed.reading(self._sampler_lock) as allowed:
+                with feed.reading(sampler_lock) as allowed:
                     if not allowed:
                         return  # left: the next epoch may have drawn from the generator
                     # The generator before and after each read (2.7 us each, measured on the
@@ -687,7 +693,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                     before = None if generator is None else generator.get_state()
                     read, idx, failed = feed.read()
                     if before is not None:
-                        self._note_sampler_draw(epoch, read, before, generator.get_state())
+                        _note_draw(loader, epoch, read, before, generator.get_state())
                 if failed is not None:
                     yield epoch, 0, failed, fold(epoch_seed, read)
                 elif not feed.ended:
@@ -1794,6 +1800,14 @@ class _PlanSource:
         return starts[at][1] if at >= 0 else None
 
 
+def _note_draw(loader: weakref.ref, epoch: int, read: int, before: Any, after: Any) -> None:
+    """``_note_sampler_draw`` on the loader if it is still alive (a function of its own, so
+    that the items' generator holds no strong reference to it between its reads)."""
+    alive = loader()
+    if alive is not None:
+        alive._note_sampler_draw(epoch, read, before, after)
+
+
 class _Plans:
     """The epochs a persistent pipeline serves, handed from the consumer to its source."""
 
@@ -1843,6 +1857,9 @@ class _Plans:
                 except StopIteration:
                     break
                 yield item
+            # Not held while the next epoch is awaited: a left epoch's items (a generator
+            # suspended mid-epoch) keep what they read from alive (see _epoch_items).
+            plan = items = item = None
 
 
 class _ConsumerStats:
