@@ -131,18 +131,16 @@ def _left(timeout: float | None, error: type[Exception]) -> float | None:
 
 
 class _DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, stream: httpcore.NetworkStream, cancel: Cancel | None) -> None:
+    def __init__(self, stream: httpcore.NetworkStream, cancel: Cancel) -> None:
         self._stream = stream
         self._cancel = cancel
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if self._cancel is not None:
-            self._cancel.check()
+        self._cancel.check()
         return self._stream.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if self._cancel is not None:
-            self._cancel.check()
+        self._cancel.check()
         self._stream.write(buffer, _left(timeout, httpcore.WriteTimeout))
 
     def close(self) -> None:

@@ -57,7 +57,7 @@ class StageFailed(RuntimeError):
         if self.__dict__.get("where") and self.traceback_text:
             # torch's ExceptionWrapper's words, which scripts and log searches look for, to the
             # last line, the original error (the stage and batch are in .stage and .seq).
-            kind = self.error_type.rsplit(":", 1)[-1].rsplit(".", 1)[-1] or "Exception"
+            kind = short_type_name(self.error_type) or "Exception"
             return f"Caught {kind} {self.where}.\nOriginal {self.traceback_text.rstrip()}"
         return BaseException.__str__(self)
 
@@ -82,12 +82,7 @@ def _as_raised_here(failure: StageFailed) -> str:
     resize it live; its words were "stage 'fetch+collate' failed on item 0: ValueError: ..."
     and the worker's whole traceback, a second "Traceback" and error line in the script's
     stderr (the exit hunter, seed 9106)."""
-    kind = failure.error_type.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-    said = failure.error
-    if kind and said.startswith(f"{kind}: "):
-        said = said[len(kind) + 2 :]
-    elif said == kind:
-        said = ""
+    said = own_message(failure)
     lines = failure.traceback_text.rstrip().splitlines()
     if lines and lines[0].startswith("Traceback"):
         lines = lines[1:]
@@ -100,6 +95,23 @@ def _as_raised_here(failure: StageFailed) -> str:
         f"that runs a loader without workers, so that it can be resized live; most recent "
         f"call last:)\n{frames}"
     )
+
+
+def short_type_name(error_type: str) -> str:
+    """``"module:Outer.KeyError"`` -> ``"KeyError"``: the name Python prints an error under."""
+    return error_type.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+def own_message(failure: StageFailed) -> str:
+    """What the stage's error said itself: ``failure.error`` is ``"KeyError: 'x'"`` (its type's
+    name, then its message), and this is ``"'x'"`` (empty for an error raised bare)."""
+    kind = short_type_name(failure.error_type)
+    said = failure.error
+    if kind and said.startswith(f"{kind}: "):
+        return said[len(kind) + 2 :]
+    if said == kind:
+        return ""
+    return said
 
 
 class LayoutBusy(AllocationError):

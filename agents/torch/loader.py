@@ -41,7 +41,7 @@ import torch
 import torch.utils.data
 
 from agents.pipeline import Pipeline, PipelineStopped, Stage, StageFailed, fuse_groups
-from agents.pipeline.errors import AllocationError, as_raised_type
+from agents.pipeline.errors import AllocationError, as_raised_type, own_message
 from agents.pipeline.pipeline import exiting, in_thread_joined_at_exit, joined_at_exit
 from agents.pipeline.signals import deferred
 from agents.pipeline.stage import HARD_MAX_WORKERS
@@ -1443,7 +1443,7 @@ def _as_itself(failure: StageFailed) -> BaseException:
     """A ``KeyboardInterrupt`` or ``SystemExit`` the dataset raised, rebuilt: a
     ``sys.exit(3)``'s code is 3, as the script's exit status under torch."""
     kind = _RAISED_AS_ITSELF[failure.error_type]
-    said = failure.error.partition(": ")[2] if ": " in failure.error else ""
+    said = own_message(failure)
     if kind is SystemExit:
         with contextlib.suppress(ValueError):
             return SystemExit(int(said))

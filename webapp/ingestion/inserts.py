@@ -242,18 +242,7 @@ class BatchInsertPostgres:
             "dropped": dropped,
             "count": len(samples),
         }
-        try:
-            if prepare():  # planned once per connection: the statement is long, always the same
-                with prepared_cursor() as cursor:
-                    cursor.execute(sql, params, prepare=True)
-                    return cursor.fetchall()
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                return cursor.fetchall()
-        except DataError as exc:
-            if whole and getattr(exc.__cause__, "sqlstate", None) == DIVISION_BY_ZERO:
-                raise WholeBatchRefused from exc
-            raise
+        return _execute(sql, params, whole=whole)
 
     def run_group(self, batches: Sequence[GroupBatch], *, now, status: str) -> None:
         """Store the validated samples of several hosts' batches and update the hosts, in ONE
@@ -286,19 +275,26 @@ class BatchInsertPostgres:
             "status": status,
             "count": sum(len(batch.samples) for batch in ordered),
         }
-        try:
-            if prepare():
-                with prepared_cursor() as cursor:
-                    cursor.execute(self.sql_group, params, prepare=True)
-                    cursor.fetchall()
-                    return
-            with connection.cursor() as cursor:
-                cursor.execute(self.sql_group, params)
-                cursor.fetchall()
-        except DataError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == DIVISION_BY_ZERO:
-                raise WholeBatchRefused from exc
-            raise
+        _execute(self.sql_group, params, whole=True)
+
+
+def _execute(sql: str, params: dict[str, Any], *, whole: bool) -> list[tuple]:
+    """Run one of ``BatchInsertPostgres``'s statements and return its rows (prepared where the
+    connection allows: the statements are long and always the same, planned once a
+    connection). ``whole``: the statement's all-or-nothing guard (a division by zero when the
+    database skipped a sample) is raised as ``WholeBatchRefused``."""
+    try:
+        if prepare():
+            with prepared_cursor() as cursor:
+                cursor.execute(sql, params, prepare=True)
+                return cursor.fetchall()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    except DataError as exc:
+        if whole and getattr(exc.__cause__, "sqlstate", None) == DIVISION_BY_ZERO:
+            raise WholeBatchRefused from exc
+        raise
 
 
 class GroupBatch(NamedTuple):

@@ -84,16 +84,27 @@ def _batch_insert_postgres() -> BatchInsertPostgres:
     )  # fmt: skip
 
 
-def _insert_on_postgres(host: Host, batch: dict, *, whole: bool = False) -> list[tuple]:
-    """A validated batch's samples, stage rows and host update in one statement."""
+def _group_batch(host: Host, batch: dict) -> GroupBatch:
+    """What a validated batch's statement stores and updates its host with."""
     status = batch["allocation_status"]
-    return _batch_insert_postgres().run(
+    return GroupBatch(
         host.pk,
         batch["samples"],
+        status["applied_version"] if status else None,
+        batch["dropped_samples"],
+    )
+
+
+def _insert_on_postgres(host: Host, batch: dict, *, whole: bool = False) -> list[tuple]:
+    """A validated batch's samples, stage rows and host update in one statement."""
+    stored = _group_batch(host, batch)
+    return _batch_insert_postgres().run(
+        stored.host_id,
+        stored.samples,
         now=timezone.now(),
         status=Host.Status.ONLINE,
-        applied_version=status["applied_version"] if status else None,
-        dropped=batch["dropped_samples"],
+        applied_version=stored.applied_version,
+        dropped=stored.dropped,
         whole=whole,
     )
 
@@ -174,17 +185,7 @@ def store_usual_batches_together(batches: list[tuple[Host, dict]]) -> list[dict]
     arrive together (webapp/agent_asgi.py) and stores them here."""
     if connection.in_atomic_block:
         return None
-    group = []
-    for host, batch in batches:
-        status = batch["allocation_status"]
-        group.append(
-            GroupBatch(
-                host.pk,
-                batch["samples"],
-                status["applied_version"] if status else None,
-                batch["dropped_samples"],
-            )
-        )
+    group = [_group_batch(host, batch) for host, batch in batches]
     try:
         _batch_insert_postgres().run_group(group, now=timezone.now(), status=Host.Status.ONLINE)
     except WholeBatchRefused:
