@@ -1426,8 +1426,8 @@ def _warn_as_torchs_iterator(loader: DataLoader) -> None:
     more; the parity hunter, seeds 1 and 4)."""
     from torch.utils.data import dataloader
 
-    if loader.persistent_workers and loader._plans is not None:
-        return  # its pipeline's first iter() warned (its iterator may have been let go since)
+    if loader.persistent_workers and loader._persistent_iterator_ref is not None:
+        return  # its first iterator warned (dropped since or not: torch's loader keeps it)
     if loader.num_workers > 0:
         # Torch's _get_iterator checks the workers against the CPUs (its constructor too, at
         # another line): a script saw the warning twice under torch and once with ours (the
