@@ -264,9 +264,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # epoch's workers; a strong reference here kept them running (and their memory) until
         # the next epoch or close().
         self._iterator_refs: list[weakref.ref[_EpochIterator]] = []
-        # With persistent workers, the one iterator that every iter() hands out, reset to a
-        # new epoch, as torch's loader keeps its ``_iterator`` (held as torch holds it).
-        self._persistent_iterator: _EpochIterator | None = None
+        # With persistent workers, the one iterator that every iter() hands out while someone
+        # holds it, reset to a new epoch, as torch's loader keeps its ``_iterator``. Held
+        # weakly, unlike torch's: ours refers back to its loader (torch's copies what it needs
+        # and does not), so a strong reference here made a cycle, and a dropped persistent
+        # loader kept its workers, threads and pipeline until the next garbage collection
+        # (torch's leave at ``del loader``). An iterator nobody holds has nothing to keep:
+        # the next iter() makes another on the same pipeline (the epoch's state is reset
+        # there anyway), and one the script holds keeps its loader alive, as torch's keeps
+        # its workers (``it = iter(DataLoader(...))`` reads to its end).
+        self._persistent_iterator_ref: weakref.ref[_EpochIterator] | None = None
         # The started pipelines' receivers not yet stopped, oldest first; the newest is current.
         self._receivers: list[_Receiver] = []
         self._receiver: _Receiver | None = None
@@ -284,7 +291,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     _RUNTIME = (
         "_switch_lock", "_apply_lock", "_lock", "_sampler_lock", "_last_feed",
         "_owner_pid", "_epoch", "_base_seed", "_base_seed_epoch", "_plans",
-        "_iterator_refs", "_persistent_iterator", "_receivers", "_receiver", "_stats",
+        "_iterator_refs", "_persistent_iterator_ref", "_receivers", "_receiver", "_stats",
         "_pipeline", "_place", "_resume",
     )  # fmt: skip
 
@@ -567,7 +574,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 else:
                     iterator = _EpochIterator(self, self._receiver, epoch, epoch_seed)
                     if self.persistent_workers:
-                        self._persistent_iterator = iterator
+                        self._persistent_iterator_ref = weakref.ref(iterator)
                 if not any(ref() is iterator for ref in self._iterator_refs):
                     self._iterator_refs.append(weakref.ref(iterator))
                 iterator._place = place
@@ -597,6 +604,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self._iterable:
             self.state_dict()  # raises
         self._resume = None if not state_dict else _Place.from_dict(state_dict)
+
+    @property
+    def _persistent_iterator(self) -> _EpochIterator | None:
+        """The iterator every ``iter()`` of a persistent loader hands out, while someone
+        holds it (``None``: none made on this pipeline, or none held)."""
+        ref = self._persistent_iterator_ref
+        return None if ref is None else ref()
 
     def _live_iterators(self) -> list[_EpochIterator]:
         """The running iterations' iterators that someone still holds, oldest first."""
@@ -817,7 +831,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 current.close()
             with self._lock:
                 self._iterator_refs = []
-                self._persistent_iterator = None
+                self._persistent_iterator_ref = None
                 receivers, self._receivers = self._receivers, []
                 self._receiver = None
                 plans, self._plans = self._plans, None
@@ -1412,8 +1426,8 @@ def _warn_as_torchs_iterator(loader: DataLoader) -> None:
     more; the parity hunter, seeds 1 and 4)."""
     from torch.utils.data import dataloader
 
-    if loader.persistent_workers and loader._persistent_iterator is not None:
-        return
+    if loader.persistent_workers and loader._persistent_iterator_ref is not None:
+        return  # its first iterator warned (dropped since or not: torch's loader keeps it)
     if loader.num_workers > 0:
         # Torch's _get_iterator checks the workers against the CPUs (its constructor too, at
         # another line): a script saw the warning twice under torch and once with ours (the
