@@ -245,7 +245,11 @@ class StagePool:
             self.active.remove(worker)
             self.retiring.append(worker)  # closed by reap() once its relays have left
         for _ in dead:
-            self._start_worker()
+            # Without waiting for the launcher's answer: the monitor holds the pipeline's
+            # lock, and a launcher just started again on a loaded host answers slowly, so
+            # waiting START_WAIT_S per worker held the agent's metrics() 4.4 s (the pipeline
+            # hunter's seed 90100, load 21). The next round (0.1 s later) takes it.
+            self._start_worker(wait=False)
         return dead
 
     def _retire(self, worker: WorkerHandle) -> None:
@@ -264,13 +268,13 @@ class StagePool:
         # sums, so they stay right; only its first-output time is overwritten).
         return self.retiring[0].slot
 
-    def _start_worker(self) -> WorkerHandle:
+    def _start_worker(self, wait: bool = True) -> WorkerHandle:
         slot = self._free_slot()
         self.counters[slot * WIDTH + FIRST_OUTPUT_AT] = 0.0
         worker = WorkerHandle(slot, self.stage.kind, time.time())
         try:
             if self.stage.kind == "process":
-                self._start_process(worker)
+                self._start_process(worker, wait)
             else:
                 spec = self.spec(slot)
                 worker.thread = threading.Thread(
@@ -312,7 +316,7 @@ class StagePool:
         self.retiring.append(worker)
         self.lingering.append(worker)
 
-    def _start_process(self, worker: WorkerHandle) -> None:
+    def _start_process(self, worker: WorkerHandle, wait: bool = True) -> None:
         assert self.zygote is not None
         self.statuses[worker.slot] = math.nan
         request = {
@@ -335,7 +339,7 @@ class StagePool:
         worker.pending = (zygote, number)
         # Wait for the answer only while the launcher keeps up: behind on an earlier request
         # (stopped, swapped out), it would hold the lock START_WAIT_S per worker.
-        self._finish_start(worker, 0.0 if zygote.behind(number) else START_WAIT_S)
+        self._finish_start(worker, START_WAIT_S if wait and not zygote.behind(number) else 0.0)
 
     def _finish_start(self, worker: WorkerHandle, wait_s: float) -> None:
         """Take the launcher's answer for a pending worker (waiting up to ``wait_s``) and start
