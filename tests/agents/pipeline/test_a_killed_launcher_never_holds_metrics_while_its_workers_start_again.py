@@ -1,8 +1,8 @@
 """A launcher killed on a loaded host holds neither the agent's ``metrics()`` nor ``apply()``
-while its workers start again: the monitor starts the replacements without waiting for the
-new launcher's answers (its next round, 0.1 s later, takes them). Before, the monitor waited
-up to ``START_WAIT_S`` for each worker's answer under the pipeline's lock, one worker after
-the other, and ``metrics()`` waited behind it: 4.4 s once in the pipeline hunter at load 21
+while its workers start again: the monitor's replacements wait for the new launcher's
+answers ``START_WAIT_S`` in all (its next round, 0.1 s later, takes those left). Before, the
+monitor waited up to ``START_WAIT_S`` for each worker's answer under the pipeline's lock, one
+worker after the other, and ``metrics()`` waited behind it: 4.4 s once in the pipeline hunter at load 21
 (``python -m tests.agents.pipeline.hunt --replay 90100``). Here the new launcher forks each
 worker slowly (a loaded host's fork), and every item still comes once, in order."""
 
@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from agents.pipeline import Pipeline, Stage, zygote
 
-# A call's bound: the new launcher's own fork under the lock, on 2 shared loaded cores. Before
-# the fix the monitor held the lock at least (workers x fork_s), 1.2 s and more.
+# A call's bound: START_WAIT_S (0.5 s) and the new launcher's own fork under the lock, on 2
+# shared loaded cores. Before the fix the monitor held the lock about workers x fork_s, 1.2 s
+# and more.
 PROMPT_S = 1.0
 
 _slow_forks = {"s": 0.0}  # read in the launcher: set before the kill, so only the new one is slow
