@@ -244,8 +244,16 @@ class StagePool:
             self._account()
             self.active.remove(worker)
             self.retiring.append(worker)  # closed by reap() once its relays have left
+        # The replacements wait for the launcher's answers START_WAIT_S in all, not each: the
+        # monitor holds the pipeline's lock, and a launcher started again on a loaded host
+        # answers slowly, so waiting up to START_WAIT_S per worker held the agent's metrics()
+        # 4.4 s (the pipeline hunter's seed 90100, load 21). A start left unanswered is
+        # finished by the next round (0.1 s later). Not without any wait: the waits are what
+        # keeps the requests from outrunning the launcher (relayouts 20 times a second asked
+        # for workers faster than it forked them, and a request's send then blocked).
+        until = time.monotonic() + START_WAIT_S
         for _ in dead:
-            self._start_worker()
+            self._start_worker(until)
         return dead
 
     def _retire(self, worker: WorkerHandle) -> None:
@@ -264,13 +272,15 @@ class StagePool:
         # sums, so they stay right; only its first-output time is overwritten).
         return self.retiring[0].slot
 
-    def _start_worker(self) -> WorkerHandle:
+    def _start_worker(self, until: float | None = None) -> WorkerHandle:
+        """Start a worker in a free slot; a process worker's start waits for the launcher's
+        answer until ``until`` (monotonic; ``None``: ``START_WAIT_S`` from now)."""
         slot = self._free_slot()
         self.counters[slot * WIDTH + FIRST_OUTPUT_AT] = 0.0
         worker = WorkerHandle(slot, self.stage.kind, time.time())
         try:
             if self.stage.kind == "process":
-                self._start_process(worker)
+                self._start_process(worker, until)
             else:
                 spec = self.spec(slot)
                 worker.thread = threading.Thread(
@@ -312,7 +322,7 @@ class StagePool:
         self.retiring.append(worker)
         self.lingering.append(worker)
 
-    def _start_process(self, worker: WorkerHandle) -> None:
+    def _start_process(self, worker: WorkerHandle, until: float | None = None) -> None:
         assert self.zygote is not None
         self.statuses[worker.slot] = math.nan
         request = {
@@ -335,7 +345,8 @@ class StagePool:
         worker.pending = (zygote, number)
         # Wait for the answer only while the launcher keeps up: behind on an earlier request
         # (stopped, swapped out), it would hold the lock START_WAIT_S per worker.
-        self._finish_start(worker, 0.0 if zygote.behind(number) else START_WAIT_S)
+        wait_s = START_WAIT_S if until is None else max(0.0, until - time.monotonic())
+        self._finish_start(worker, 0.0 if zygote.behind(number) else wait_s)
 
     def _finish_start(self, worker: WorkerHandle, wait_s: float) -> None:
         """Take the launcher's answer for a pending worker (waiting up to ``wait_s``) and start

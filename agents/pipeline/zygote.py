@@ -276,6 +276,11 @@ class Zygote:
                 message, fds, _, _ = socket.recv_fds(self._socket, _REPORT_BYTES, 1)
             except (BlockingIOError, InterruptedError, TimeoutError):
                 return
+            except ConnectionResetError as exc:
+                # The launcher died with requests unread: the kernel says so once, before
+                # what it sent (its crash report) is read. Read on.
+                self._gone = str(exc)
+                continue
             except OSError as exc:
                 self._gone = str(exc)
                 return
@@ -335,6 +340,8 @@ class Zygote:
             while not self._closed:
                 try:
                     message = self._socket.recv(_REPORT_BYTES, socket.MSG_DONTWAIT)
+                except ConnectionResetError:
+                    continue  # said once, before what it sent: see _take_answers()
                 except (BlockingIOError, OSError):
                     break
                 if not message:
