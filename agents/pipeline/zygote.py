@@ -271,15 +271,19 @@ class Zygote:
         request, one for a forgotten request dropped (its pidfd closed)."""
         # A socket with a timeout waits for data before it reads, MSG_DONTWAIT or not: read
         # only what select() says is there.
+        reset = False
         while self._readable(0.0):
             try:
                 message, fds, _, _ = socket.recv_fds(self._socket, _REPORT_BYTES, 1)
             except (BlockingIOError, InterruptedError, TimeoutError):
                 return
             except ConnectionResetError as exc:
+                self._gone = str(exc)
+                if reset:  # said once only: a second would be a socket gone wrong
+                    return
                 # The launcher died with requests unread: the kernel says so once, before
                 # what it sent (its crash report) is read. Read on.
-                self._gone = str(exc)
+                reset = True
                 continue
             except OSError as exc:
                 self._gone = str(exc)
@@ -337,10 +341,14 @@ class Zygote:
         """How the launcher ended, for a message (after ``alive()`` said it had): its exit
         status, and the last line of what it raised if it said so before it died."""
         with self._lock:
+            reset = False
             while not self._closed:
                 try:
                     message = self._socket.recv(_REPORT_BYTES, socket.MSG_DONTWAIT)
                 except ConnectionResetError:
+                    if reset:
+                        break
+                    reset = True
                     continue  # said once, before what it sent: see _take_answers()
                 except (BlockingIOError, OSError):
                     break
