@@ -72,9 +72,10 @@ def deferred() -> Iterator[Held]:
     except BaseException as exc:
         # A block that failed still raises the Ctrl-C it held, its error as the context:
         # raising only the block's error lost the Ctrl-C, and a loop that catches that error
-        # (a DataLoader's timeout, a failed batch) went on as if none had come.
+        # (a DataLoader's timeout, a failed batch) went on as if none had come. (An exit
+        # under way keeps its status.)
         signal.signal(signal.SIGINT, previous)
-        if held.caught and not isinstance(exc, KeyboardInterrupt):
+        if held.caught and not isinstance(exc, KeyboardInterrupt | SystemExit):
             _raise_held(held, previous)
         raise
     signal.signal(signal.SIGINT, previous)

@@ -3,7 +3,7 @@
 Raised where it landed, between close() taking the pipelines from the loader and stopping
 them, it left the launcher and its workers running, reachable by nothing but the garbage
 collector: the loader hunter's seed 97018 (``python -m tests.agents.torch.hunt --replay
-97018``: a Ctrl-C inside ``close()``, then "processes left after close()" in 3 replays of 9),
+97018``: a Ctrl-C inside ``close()``, then "processes left after close()" in 4 replays of 8),
 and so the open item of seed 91349. The loader then iterates again as before.
 
 The Ctrl-C is sent by the process to itself from inside one of the calls ``close()`` makes
