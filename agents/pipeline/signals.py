@@ -20,8 +20,9 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 # How long a wait on a SignalledStop lasts before it looks at the flag again.
 SLICE_S = 0.2
@@ -68,10 +69,22 @@ def deferred() -> Iterator[Held]:
         return
     try:
         yield held
-    finally:
+    except BaseException as exc:
+        # A block that failed still raises the Ctrl-C it held, its error as the context:
+        # raising only the block's error lost the Ctrl-C, and a loop that catches that error
+        # (a DataLoader's timeout, a failed batch) went on as if none had come. (An exit
+        # under way keeps its status.)
         signal.signal(signal.SIGINT, previous)
-    if not held.caught:
-        return
+        if held.caught and not isinstance(exc, KeyboardInterrupt | SystemExit):
+            _raise_held(held, previous)
+        raise
+    signal.signal(signal.SIGINT, previous)
+    if held.caught:
+        _raise_held(held, previous)
+
+
+def _raise_held(held: Held, previous: signal.Handlers | Callable[..., Any] | int) -> None:
+    """Act on the first Ctrl-C ``held`` caught as the handler in force would have."""
     signum, frame = held.caught[0]
     if callable(previous):
         previous(signum, frame)  # Python's own raises KeyboardInterrupt here

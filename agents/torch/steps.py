@@ -512,6 +512,10 @@ def _stack_as_torchs_worker(batch: list, *, collate_fn_map: Any = None) -> torch
     elem = batch[0]
     if elem.is_nested or elem.layout != torch.strided:
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # torch's error
+    # torch's worker sizes its segment first: a sample that is not a tensor (a namedtuple
+    # after a tensor) raises its AttributeError there, not stack's TypeError (the parity
+    # hunter's seed 2201).
+    sum(x.numel() for x in batch)
     out = elem.new_empty((len(batch), *elem.size()))
     return torch.stack(batch, 0, out=out)
 

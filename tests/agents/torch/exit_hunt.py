@@ -318,6 +318,9 @@ def main() -> int:
     parser.add_argument("--load", type=int, default=0, help="busy processes beside --runs")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout --runs imports")
     args = parser.parse_args()
+    # Started in the background (``cmd &``, nohup) SIGINT is ignored, and the scripts would
+    # inherit that: their Ctrl-C endings did nothing (see tests.agents.pipeline.hunt.take_ctrl_c).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     OUT.mkdir(parents=True, exist_ok=True)
     if args.runs:
         tally = count_aborts(args.runs, args.load, args.tree.resolve(), OUT)

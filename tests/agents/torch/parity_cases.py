@@ -508,6 +508,21 @@ def shift(dataset, by: int) -> None:
             shift(each, by)
 
 
+def copy_offsets(source, target) -> None:
+    """Give every dataset inside ``target`` the offset of its place in ``source`` (a loader
+    rebuilt from the case to resume a checkpoint then sees the loop's "mutate" as the first)."""
+    if hasattr(source, "offset"):
+        target.offset = source.offset
+    for a, b in zip(_inner(source), _inner(target), strict=True):
+        if a is not None and b is not None:
+            copy_offsets(a, b)
+
+
+def _inner(dataset) -> list:
+    inner = getattr(dataset, "datasets", None) or [getattr(dataset, "dataset", None)]
+    return list(inner.values()) if isinstance(inner, dict) else list(inner)
+
+
 def canon(value):
     """A batch as plain, comparable values: types, dtypes, shapes, strides and contents."""
     if isinstance(value, torch.Tensor):

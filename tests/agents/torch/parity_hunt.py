@@ -30,7 +30,15 @@ import psutil
 import torch
 
 from tests.agents.pipeline.hunt import hunt
-from tests.agents.torch.parity_cases import build, canon, collect, generate, loader_of, shift
+from tests.agents.torch.parity_cases import (
+    build,
+    canon,
+    collect,
+    copy_offsets,
+    generate,
+    loader_of,
+    shift,
+)
 from tests.support.processes import still_running
 
 CASE_BOUND_S = 150.0
@@ -262,6 +270,9 @@ def _checkpoint(case: dict, loader, which: str, taken: int, limit: int) -> list[
     state = loader.state_dict()
     del iterator
     resumed = build(case, which)
+    # The loop's "mutate" shifted the first loader's dataset: the resumed one as well (torch's
+    # iterator reads on from the shifted one).
+    copy_offsets(loader.dataset, resumed.dataset)
     try:
         resumed.load_state_dict(state)
         return first + _drain(iter(resumed), limit)
