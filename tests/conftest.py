@@ -6,6 +6,7 @@ the database is PostgreSQL when DATABASE_URL names it (CI), else SQLite.
 
 import json
 import os
+import signal
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -15,6 +16,16 @@ import pytest
 
 from agents.dlrm.schema import STAGE_NAMES as DLRM_STAGES
 from webapp.stack.embedded_redis import EmbeddedRedis
+
+
+def pytest_configure(config):
+    # Ctrl-C as in a terminal, whatever started pytest: a suite started in the background by a
+    # script (``cmd &`` without job control, ``nohup``) starts with SIGINT ignored, which Python
+    # keeps and every script a test starts inherits, so a test that sends a script a Ctrl-C
+    # would test nothing, or wait out its bound. The hunters do the same (``take_ctrl_c``: their
+    # background runs reported four hangs that were Ctrl-Cs ignored, 2026-11-29).
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):
