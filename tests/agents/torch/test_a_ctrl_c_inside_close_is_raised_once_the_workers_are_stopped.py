@@ -61,10 +61,27 @@ LANDS_IN = {
 }
 
 
-def _left(me: psutil.Process) -> list[int]:
+def _ours(me: psutil.Process, before: set[int]) -> list[int]:
+    """The processes below the children the test process started since ``before`` (its
+    children then): an xdist worker may hold another test's live stack (gunicorn, celery and
+    their children), which is not the loader's (the clean-clone run of 2026-11-29 22:04 counted
+    those 5 and failed every case)."""
+    pids = []
+    for child in me.children():
+        if child.pid in before:
+            continue
+        pids.append(child.pid)
+        try:
+            pids += [c.pid for c in child.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def _left(me: psutil.Process, before: set[int]) -> list[int]:
     deadline = time.monotonic() + LEFT_BOUND_S
     while True:
-        left = still_running(c.pid for c in me.children(recursive=True))
+        left = still_running(_ours(me, before))
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
@@ -81,6 +98,8 @@ def _left(me: psutil.Process) -> list[int]:
 def test_a_ctrl_c_inside_close_leaves_no_worker_and_the_loader_iterates_again(
     lands_in, iterable, workers, persistent, taken
 ):
+    me = psutil.Process()
+    before = {child.pid for child in me.children()}
     n = 24
     dataset = IterRows(n) if iterable else Rows(n)
     loader = DataLoader(dataset, batch_size=4, num_workers=workers,
@@ -107,7 +126,7 @@ def test_a_ctrl_c_inside_close_leaves_no_worker_and_the_loader_iterates_again(
         setattr(owner, name, original)
     assert sent, f"close() made no call to {lands_in}"
     try:
-        left = _left(psutil.Process())
+        left = _left(me, before)
         assert not left, f"processes left {LEFT_BOUND_S} s after close(): {left}"
         rows = sorted(int(v) for batch in loader for v in batch[:, 0].tolist())
         assert rows == list(range(n)), "the loader's next epoch is not whole"
