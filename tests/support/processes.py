@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,6 +24,31 @@ def still_running(pids: Iterable[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+# The threads a loader's pipeline runs (ours), or torch's pin-memory thread.
+LOADER_THREADS = ("intune-", "dataloader-", "pin_memory")
+
+
+def loader_processes_and_threads() -> tuple[set[int], set[threading.Thread]]:
+    """This process's descendants and the loaders' threads running now."""
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    threads = {t for t in threading.enumerate() if t.name.startswith(LOADER_THREADS)}
+    return children, threads
+
+
+def loader_leftovers(
+    before: tuple[set[int], set[threading.Thread]], bound_s: float
+) -> tuple[set[int], set[threading.Thread]]:
+    """The processes and threads (``loader_processes_and_threads``) not there ``before`` that
+    still run after waiting up to ``bound_s`` for them to leave: empty sets when none is left."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        children, threads = loader_processes_and_threads()
+        left = (children - before[0], threads - before[1])
+        if not any(left) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def exit_code_within(pid: int, seconds: float, poll_s: float = 0.05) -> int | None:

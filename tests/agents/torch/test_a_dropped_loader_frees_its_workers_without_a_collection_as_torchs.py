@@ -14,16 +14,14 @@ processes meanwhile). Now the loader holds its persistent iterator weakly."""
 from __future__ import annotations
 
 import gc
-import threading
-import time
 
-import psutil
 import pytest
 import torch.utils.data
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agents.torch import DataLoader
+from tests.support.processes import loader_leftovers, loader_processes_and_threads
 
 GONE_S = 8.0  # for the workers and threads to leave after the drop, on a loaded 2-core host
 ITEMS = 24
@@ -51,21 +49,11 @@ class _Rows(torch.utils.data.IterableDataset):
         return iter(range(worker, ITEMS, workers))
 
 
-def _ours() -> tuple[set[int], set[threading.Thread]]:
-    children = {p.pid for p in psutil.Process().children(recursive=True)}
-    threads = {
-        t
-        for t in threading.enumerate()
-        if t.name.startswith(("intune-", "dataloader-", "pin_memory"))
-    }
-    return children, threads
-
-
 def _drop_and_wait(make, ending: str) -> tuple[set, set]:
     """Run ``ending`` on the loader ``make()`` builds, with the garbage collector off from
     before the loader is made until its workers are gone or ``GONE_S`` has passed: whether it
     started a worker, and what it left."""
-    children_before, threads_before = _ours()
+    before = loader_processes_and_threads()
     gc.collect()
     gc.disable()
     try:
@@ -95,16 +83,9 @@ def _drop_and_wait(make, ending: str) -> tuple[set, set]:
                 del batches
             if ending != "loader dropped first":
                 del loader
-        deadline = time.monotonic() + GONE_S
-        while True:
-            children, threads = _ours()
-            left = (children - children_before, threads - threads_before)
-            if not any(left) or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        return loader_leftovers(before, GONE_S)
     finally:
         gc.enable()
-    return left
 
 
 @settings(

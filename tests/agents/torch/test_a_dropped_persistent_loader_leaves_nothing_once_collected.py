@@ -10,13 +10,11 @@ left its threads and processes in 5 runs of 6)."""
 from __future__ import annotations
 
 import gc
-import threading
-import time
 
-import psutil
 import pytest
 
 from agents.torch import DataLoader
+from tests.support.processes import loader_leftovers, loader_processes_and_threads
 
 GONE_S = 10.0  # for the workers and threads to leave once collected, on a loaded 2-core host
 
@@ -25,15 +23,9 @@ def _raises(worker_id: int) -> None:
     raise ValueError(f"worker {worker_id} cannot start")
 
 
-def _ours() -> tuple[set[int], set[threading.Thread]]:
-    children = {p.pid for p in psutil.Process().children(recursive=True)}
-    threads = {t for t in threading.enumerate() if t.name.startswith(("intune-", "dataloader-"))}
-    return children, threads
-
-
 @pytest.mark.parametrize("ending", ["whole epoch", "left mid-epoch", "worker_init_fn raises"])
 def test_a_dropped_persistent_loader_leaves_no_worker_or_thread(ending):
-    children_before, threads_before = _ours()
+    before = loader_processes_and_threads()
     loader = DataLoader(
         list(range(40)),
         batch_size=2,
@@ -49,14 +41,10 @@ def test_a_dropped_persistent_loader_leaves_no_worker_or_thread(ending):
     else:
         with pytest.raises(ValueError, match="cannot start"):
             next(batches)
-    assert _ours()[0] - children_before, "the loader started no worker: the test shows nothing"
+    assert loader_processes_and_threads()[0] - before[0], (
+        "the loader started no worker: the test shows nothing"
+    )
     del loader, batches
     gc.collect()
-    deadline = time.monotonic() + GONE_S
-    while True:
-        children, threads = _ours()
-        left = (children - children_before, threads - threads_before)
-        if not any(left) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    left = loader_leftovers(before, GONE_S)
     assert not any(left), f"left {GONE_S} s after the collection: processes, threads {left}"
