@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-budget-mb",
         type=float,
         default=None,
-        help="most estimated stage memory in MB (default: 80%% of the host's memory limit)",
+        help="most memory in MB the pipeline's workers may hold of their own (default: 80%% of "
+        "the host's memory limit less what the host holds besides them, the trainer included)",
     )
     agent.add_argument(
         "--poll-wait", type=float, default=30.0, help="seconds one allocation long-poll is held"

@@ -94,7 +94,8 @@ class AgentConfig:
     one, a worker that waits the CPU it was measured to use); ``None``: the host's whole CPUs
     plus one per stage."""
     memory_budget_mb: float | None = None
-    """Most estimated stage memory; ``None``: 80% of the host's (cgroup) memory limit."""
+    """Most memory the workers may hold of their own; ``None``: 80% of the host's (cgroup)
+    memory limit less what the host holds besides them (:meth:`Agent.memory_budget_now`)."""
     poll_wait_s: float = 30.0
     """How long one long-poll may be held by the control plane (at most 60)."""
     timeout_s: float = 10.0
@@ -192,6 +193,10 @@ class Agent:
         self._decisions = 0  # allocations applied or refused so far
         self._decisions_reported = 0  # of those, how many a stored batch has reported
         self._rss_per_worker: dict[str, float] = {}
+        # At the last sample: the memory the pipeline's workers hold of their own, and what the
+        # host holds besides (memory_budget_now), in MB; None before the first sample.
+        self._memory_held_mb: float | None = None
+        self._memory_outside_mb: float | None = None
         self._worker_cpu = WorkerCpuMeter()
         self.refused_total = 0
         self.shipped_total = 0
@@ -296,8 +301,11 @@ class Agent:
         }
         self._follow_cpus()
         host = self.host.sample(self.worker_budget)
+        held = sum(s["rss_mb"] or 0.0 for s in stages)
         with self._lock:
             self._rss_per_worker.update(per_worker)
+            self._memory_held_mb = held
+            self._memory_outside_mb = max(0.0, host["memory_used_mb"] - held)
             self._worker_cpu.update(stages, host["cpu_percent"])
             version = self._applied_version
         sample: dict[str, Any] = {
@@ -566,6 +574,23 @@ class Agent:
             )
         return limits
 
+    def memory_budget_now(self) -> float:
+        """The most memory, in MB, an allocation's workers may hold now.
+
+        A budget given (``--memory-budget-mb``, ``memory_budget_mb=``) is the person's call and
+        stands as given. The default, 80% of the host's memory limit, is shared with all else
+        the host holds: it is less what the host held outside the pipeline's workers at the last
+        sample (the host's memory in use less the workers' own: the trainer and its model or
+        embedding tables, the system, other tenants), and never less than what the workers held
+        then, so an allocation that needs no more than today's is never refused for memory."""
+        if self.config.memory_budget_mb:
+            return self.memory_budget_mb
+        with self._lock:
+            held, outside = self._memory_held_mb, self._memory_outside_mb
+        if held is None or outside is None:
+            return self.memory_budget_mb
+        return max(self.memory_budget_mb - outside, held)
+
     def handle_allocation(self, allocation: dict) -> str | None:
         """Check one allocation from the control plane and apply it, or refuse it.
 
@@ -589,7 +614,7 @@ class Agent:
                 workers,
                 self.stage_limits() if groups is None else self.group_limits(groups),
                 self.worker_budget,
-                self.memory_budget_mb,
+                self.memory_budget_now(),
                 self.host.limits.cpus,
                 self.ranks,
             )

@@ -159,6 +159,12 @@ def _stop_running() -> None:
         join_unless_current(thread, max(0.0, deadline - time.monotonic()))
 
 
+def _anonymous(memory: Any) -> float:
+    """A process's resident memory less its pages of files and shared memory (Linux's statm
+    ``shared``; the whole resident set where the system does not say)."""
+    return float(memory.rss - getattr(memory, "shared", 0))
+
+
 class Pipeline:
     """A live-resizable pipeline: ``source -> stage 1 -> ... -> stage n -> consumer``.
 
@@ -297,6 +303,9 @@ class Pipeline:
         # Per stage: each worker's (CPU seconds, run-queue seconds) at the last call, to take
         # differences; a worker seen for the first time started from zero.
         self._usage_seen: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
+        # The launcher's process and its last resident set (see _inherited_rss).
+        self._launcher_process: psutil.Process | None = None
+        self._launcher_rss = 0.0
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._ended = False
@@ -1018,6 +1027,7 @@ class Pipeline:
             wall = max(now - self._metrics_at, 1e-9)
             self._metrics_at = now
             thread_cpu = self._thread_cpu_times() if self._started else {}
+            inherited = self._inherited_rss() if self._started else 0.0
             rows = []
             for i, stage in enumerate(self.stages):
                 if not self._started:
@@ -1033,7 +1043,7 @@ class Pipeline:
                 self._last_totals[stage.name] = (items, busy, worker_s)
                 span = worker_s - last_worker_s
                 busy_fraction = (busy - last_busy) / span if span > 0 else 0.0
-                cpu_s, runqueue_s, rss = self._stage_usage(pool, thread_cpu)
+                cpu_s, runqueue_s, rss = self._stage_usage(pool, thread_cpu, inherited)
                 fn_cpu = pool.fn_cpu_total()
                 fn_cpu_s = fn_cpu - self._last_fn_cpu.get(stage.name, 0.0)
                 self._last_fn_cpu[stage.name] = fn_cpu
@@ -1070,10 +1080,14 @@ class Pipeline:
             "rss_mb": 0.0,
         }
 
-    def _stage_usage(self, pool: StagePool, thread_cpu: dict[int, float]) -> tuple:
+    def _stage_usage(
+        self, pool: StagePool, thread_cpu: dict[int, float], inherited: float = 0.0
+    ) -> tuple:
         """CPU seconds the stage's workers used since the last call, seconds they spent runnable
         but waiting for a CPU (:mod:`agents.pipeline.schedstat`; 0 where the kernel does not
-        say), and the stage's resident memory now."""
+        say), and the memory the stage's workers hold of their own now: each process worker's
+        resident set less ``inherited``, what it shares with the launcher it was forked from
+        (:meth:`_inherited_rss`)."""
         rss = 0.0
         seen = self._usage_seen.get(pool.stage.name, {})
         current: dict[tuple[str, int], tuple[float, float]] = {}
@@ -1086,7 +1100,7 @@ class Pipeline:
             for process in pool.processes():
                 try:
                     times = process.cpu_times()
-                    rss += process.memory_info().rss
+                    rss += max(0.0, _anonymous(process.memory_info()) - inherited)
                 except psutil.Error:
                     continue
                 key = ("p", process.pid)
@@ -1105,6 +1119,37 @@ class Pipeline:
             cpu_s += cpu - cpu_before
             runqueue_s += runqueue - runqueue_before
         return max(cpu_s, 0.0), max(runqueue_s, 0.0), rss
+
+    def _inherited_rss(self) -> float:
+        """The launcher's resident anonymous memory: what every process worker maps from its
+        start, shared copy-on-write with the launcher and the training process they were
+        forked from.
+
+        A worker's resident set counts every page it maps, shared or not: a worker forked from a
+        training process holding 40 GB (a DLRM's embedding tables in host memory, a model, a
+        dataset loaded before the loader started) reads as 40 GB, each, and the memory budget
+        then refuses a second worker that costs a few MB. The launcher runs no user code and
+        holds what it inherited, so a worker's anonymous memory less the launcher's is what the
+        worker holds of its own (its heap, its batches). Pages of files (libraries, a dataset
+        read through ``mmap``) are the page cache's, shared by every worker and given back
+        under pressure: not counted. Nor are the pages a worker copies on write from what it
+        inherited (the kernel says which only through ``/proc/<pid>/smaps``, whose read walks
+        every page: 0.1 to 0.2 s a worker forked from 1 to 4 GB): a stage declares
+        ``memory_mb_per_worker`` at registration where they matter. The last figure read
+        stands while the launcher is being replaced."""
+        zygote = self._zygote
+        if zygote is None:
+            return self._launcher_rss
+        process = self._launcher_process
+        try:
+            if process is None or process.pid != zygote.pid:
+                process = self._launcher_process = psutil.Process(zygote.pid)
+            memory = process.memory_info()
+            if memory.rss > 0:  # 0: a launcher that died and is not reaped yet (a zombie)
+                self._launcher_rss = _anonymous(memory)
+        except psutil.Error:
+            pass
+        return self._launcher_rss
 
     @staticmethod
     def _thread_cpu_times() -> dict[int, float]:

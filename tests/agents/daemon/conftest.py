@@ -30,6 +30,18 @@ def transform(n: int) -> int:
     return n + 1
 
 
+_held: list[bytes] = []  # a worker's own memory (holding), made at its first item
+
+
+def holding(n: int, own_mb: int) -> int:
+    """``n``, from a worker that holds ``own_mb`` MB of its own (written, so resident) from its
+    first item on."""
+    if own_mb and not _held:
+        _held.append(b"\x01" * (own_mb << 20))
+    time.sleep(0.001)
+    return n
+
+
 def counting_pipeline(**stage_options: dict) -> Pipeline:
     """A pipeline over 0, 1, 2, ... whose item n arrives as 2n + 1."""
     return Pipeline(

@@ -2,11 +2,15 @@
 reason reported to the control plane, and change nothing: the real pipeline keeps its workers
 and the agent keeps reporting the version in force."""
 
+import functools
+import itertools
+
 import pytest
 
 from agents.daemon.agent import Agent, AgentConfig
+from agents.pipeline import Pipeline, Stage
 
-from .conftest import refusals
+from .conftest import Consumer, holding, refusals, transform
 
 BAD = [
     ({"parse": 3, "transform": 3}, "host budget is 4"),  # 2 CPUs + 2 stages on any host below
@@ -32,9 +36,27 @@ def test_a_bad_allocation_is_refused_with_a_reason_and_changes_nothing(
     assert host.statuses[-1]["applied_version"] == 1
 
 
-def test_an_allocation_over_the_memory_budget_is_refused(
-    control_plane, pipeline, consumer, wait_for
-):
+def test_an_allocation_over_the_memory_budget_is_refused(control_plane, wait_for):
+    # A parse worker that holds memory of its own: what it maps of the process it was forked
+    # from is not its cost (agents.pipeline.Pipeline._inherited_rss).
+    pipeline = Pipeline(
+        itertools.count(),
+        [
+            Stage("parse", functools.partial(holding, own_mb=16), workers=1, max_workers=4),
+            Stage("transform", transform, workers=1, kind="thread", max_workers=4),
+        ],
+        queue_size=8,
+    ).start()
+    consumer = Consumer(pipeline).start()
+    try:
+        wait_for(lambda: len(consumer.items) >= 20, what="the parse worker's first items")
+        _refuse_over_memory(control_plane, pipeline, wait_for)
+    finally:
+        consumer.stop()
+        pipeline.stop()
+
+
+def _refuse_over_memory(control_plane, pipeline, wait_for):
     host = control_plane.add_host(["parse", "transform"])
     config = AgentConfig(
         url=control_plane.url, host_id=host.id, token=host.token, interval_s=0.2, batch_seconds=0.3
