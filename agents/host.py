@@ -123,14 +123,31 @@ def cgroup_memory_limit_bytes(
 def cgroup_memory_used_bytes(
     root: Path = CGROUP_ROOT, cgroup_text: str | None = None
 ) -> int | None:
-    """Return the memory charged to this process's own cgroup (v2 ``memory.current``, v1
-    ``memory.usage_in_bytes``), or ``None`` when it cannot be read."""
+    """Return the memory this process's own cgroup holds that the kernel cannot simply take
+    back: its working set, as the kubelet and cAdvisor count it (v2 ``memory.current``, v1
+    ``memory.usage_in_bytes``, less the inactive page cache of ``memory.stat``:
+    ``inactive_file``, v1 ``total_inactive_file``), or ``None`` when it cannot be read.
+
+    The cgroup's usage counts the page cache charged to it: a job streaming its data from files
+    fills it up to the limit, and the host would read as full while the kernel gives those
+    pages back on demand (outside a cgroup, ``psutil``'s used memory leaves the cache out
+    too)."""
     text = _own_cgroup_text() if cgroup_text is None else cgroup_text
     if _is_v2(root):
-        raw = _read(_cgroup_dirs(root, text, None)[0] / "memory.current")
+        folder = _cgroup_dirs(root, text, None)[0]
+        raw, inactive_key = _read(folder / "memory.current"), "inactive_file"
     else:
-        raw = _read(_cgroup_dirs(root, text, "memory")[0] / "memory.usage_in_bytes")
-    return int(raw) if raw and raw.isdigit() else None
+        folder = _cgroup_dirs(root, text, "memory")[0]
+        raw, inactive_key = _read(folder / "memory.usage_in_bytes"), "total_inactive_file"
+    if not (raw and raw.isdigit()):
+        return None
+    inactive = 0
+    for line in (_read(folder / "memory.stat") or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == inactive_key and value.strip().isdigit():
+            inactive = int(value)
+            break
+    return max(0, int(raw) - inactive)
 
 
 def available_cpus(root: Path = CGROUP_ROOT, cgroup_text: str | None = None) -> float:

@@ -11,6 +11,7 @@ from agents.host import (
     available_cpus,
     cgroup_cpu_limit,
     cgroup_memory_limit_bytes,
+    cgroup_memory_used_bytes,
 )
 
 V2_SELF = "0::/kubepods/pod1/trainer\n"
@@ -89,3 +90,33 @@ def test_a_live_sample_has_the_protocols_host_fields_in_range():
     assert len(sample["per_cpu_percent"]) == len(os.sched_getaffinity(0))
     assert 0 < sample["memory_used_mb"] <= sample["memory_limit_mb"] * 1.05
     assert sample["worker_budget"] == 7
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_memory_used_in_a_cgroup_leaves_out_the_page_cache_the_kernel_can_take_back(
+    tmp_path, version
+):
+    """A job streaming its data from files fills its cgroup's page cache up to the limit: the
+    usage the kernel reports counts it, the working set (the kubelet's) does not. Before, a
+    container reading its shards read as full."""
+    gib = 2**30
+    if version == "v2":
+        write(tmp_path, "cgroup.controllers", "cpu memory")
+        write(tmp_path, "kubepods/pod1/trainer/memory.max", str(8 * gib))
+        write(tmp_path, "kubepods/pod1/trainer/memory.current", str(8 * gib - 4096))
+        stat = f"anon {2 * gib}\nfile {6 * gib}\nactive_file {gib}\ninactive_file {5 * gib}\n"
+        write(tmp_path, "kubepods/pod1/trainer/memory.stat", stat)
+        own = V2_SELF
+    else:
+        write(tmp_path, "memory/docker/abc/memory.limit_in_bytes", str(8 * gib))
+        write(tmp_path, "memory/docker/abc/memory.usage_in_bytes", str(8 * gib - 4096))
+        stat = f"cache 0\ninactive_file 0\ntotal_cache {6 * gib}\ntotal_inactive_file {5 * gib}\n"
+        write(tmp_path, "memory/docker/abc/memory.stat", stat)
+        own = V1_SELF
+    assert cgroup_memory_used_bytes(tmp_path, own) == 3 * gib - 4096
+    write(
+        tmp_path,
+        f"{'kubepods/pod1/trainer' if version == 'v2' else 'memory/docker/abc'}/memory.stat",
+        "",
+    )
+    assert cgroup_memory_used_bytes(tmp_path, own) == 8 * gib - 4096  # nothing to leave out
