@@ -217,10 +217,13 @@ def encode(
         for s, c in zip(stages, cost, strict=True)
     ]
     limit = max(host.memory_limit_mb, 1.0)
+    # What the workers may hold: the limit less what the host holds besides them (the trainer
+    # and its embedding tables, the system); the whole limit on a twin, which holds nothing else.
+    room = max(limit - host.memory_outside_mb, 1.0)
     mem_mean = memory.per_worker(names)
     mem_upper = memory.per_worker_upper(names)
     memory_now = float(workers @ mem_upper)
-    over_memory = memory_now > limit or (
+    over_memory = memory_now > room or (
         observation.throughput <= 0 and host.memory_used_mb >= limit
     )
     oom = observation.throughput <= 0
@@ -277,7 +280,7 @@ def encode(
                     wanted = max(min(wanted, peak * float(cost.mean())), float(cost.sum()))
                 total = max(n, round(wanted / max(float(cost.mean()), 1e-9)))
                 filled = per_worker / host_contention(host_usl, names, [total])[0]
-            new = list(water_fill(filled, caps, wanted, mem_upper, limit, exponent, cost, law))
+            new = list(water_fill(filled, caps, wanted, mem_upper, room, exponent, cost, law))
             label = f"rebalance {sum(new)} workers ({target})"
             candidates.append((1 + t, new, label, (-1, 10 + t), (-1, 13 + t)))
     for j, stage in enumerate(stages):
@@ -323,7 +326,7 @@ def encode(
     if candidates:
         matrix = np.array([c[1] for c in candidates], dtype=float)
         new_memory = matrix @ mem_upper
-        memory_fraction = (matrix @ mem_mean) / limit
+        memory_fraction = (matrix @ mem_mean) / room
         # CPU slots each candidate takes; a worker asks for about its slots of a CPU while busy.
         totals = matrix @ cost
         if fused:
@@ -352,7 +355,7 @@ def encode(
         seen: set[tuple[int, ...]] = {tuple(base)}
         # Over the limit, an agent restarts on the allocation in force after each failed try, so
         # only an allocation that fits in one step helps; partial cuts are kept as a last resort.
-        fits = new_memory <= limit
+        fits = new_memory <= room
         strict = over_memory and bool(fits.any())
         # An agent refuses any allocation above the host's CPU slots (they can shrink under events).
         within_budget = budget_totals <= budget + 1e-9
@@ -365,7 +368,7 @@ def encode(
             key = tuple(new)
             if key in seen or not within_budget[c]:
                 continue
-            if new_memory[c] > limit and (strict or new_memory[c] >= memory_now):
+            if new_memory[c] > room and (strict or new_memory[c] >= memory_now):
                 continue
             seen.add(key)
             mask[index] = True
@@ -387,7 +390,7 @@ def encode(
         row[5] = math.log2(w) / 7.0
         row[6] = w * cost[j] / budget
         row[7] = min(1.0, (caps[j] - w) / w)
-        row[8] = w * mem_mean[j] / limit
+        row[8] = w * mem_mean[j] / room
         row[24] = exponent[j]
 
     global_features[0] = observation.trainer_idle_fraction

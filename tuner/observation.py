@@ -38,6 +38,10 @@ class HostObservation:
     memory_limit_mb: float
     memory_used_mb: float
     worker_budget: int  # CPU slots of all stages together (agents.budget)
+    # What the host holds besides the pipeline's workers (the trainer and its model or
+    # embedding tables, the system, other tenants): memory used less the workers' own. The
+    # workers have the limit less this; 0 where it is not measured (the twins hold nothing else).
+    memory_outside_mb: float = 0.0
 
 
 @dataclass

@@ -42,11 +42,13 @@ def build_observation(
     for row in rows:
         by_stage.setdefault(row["stage"], []).append(row)
     stages = []
+    held = 0.0  # MB the workers hold of their own, one rank's
     for name, spec in stage_specs.items():
         measured = by_stage.get(name) or []
         total_workers = measured[-1]["workers"] if measured else ranks
         workers = max(1, round(total_workers / ranks))
         rss = fmean(r["rss_mb"] for r in measured) / ranks if measured else 0.0
+        held += rss
         capacity = fmean(r["queue_capacity"] for r in measured) if measured else 0.0
         out_queue = fmean(r["out_queue"] for r in measured) if measured else 0.0
         stages.append(
@@ -62,18 +64,23 @@ def build_observation(
                 worker_cpu=worker_cpu.get(name, 1.0),
                 queue_fill=min(1.0, out_queue / capacity) if capacity else 0.0,
                 max_workers=spec.max_workers,
+                # Measured 0 is a figure (thread workers, or process workers holding nothing of
+                # their own: agents.pipeline counts none of what they share with the trainer),
+                # not a stage without one, whose memory the tuner would take from the host's.
                 memory_mb_per_worker=spec.memory_mb_per_worker
-                or (rss / workers if rss and workers else None),
+                or (rss / workers if measured and workers else None),
             )
         )
+    used = fmean(s.memory_used_mb for s in samples) / ranks
     return Observation(
         stages=stages,
         host=HostObservation(
             cpus=fmean(s.cpus for s in samples) / ranks,
             cpu_percent=fmean(s.cpu_percent for s in samples),
             memory_limit_mb=min(host.memory_mb, fmean(s.memory_limit_mb for s in samples)) / ranks,
-            memory_used_mb=fmean(s.memory_used_mb for s in samples) / ranks,
+            memory_used_mb=used,
             worker_budget=int(budget.host.cpu_slots / ranks + 1e-9),
+            memory_outside_mb=max(0.0, used - held),
         ),
         throughput=fmean(s.throughput for s in samples) / ranks,
         trainer_idle_fraction=fmean(s.idle_fraction for s in samples),
