@@ -32,6 +32,7 @@ import torch.utils.data
 import torch.utils.data.dataloader
 
 from agents.torch.loader import DataLoader, _T_co
+from agents.torch.observed import ObservedDataLoader
 from agents.torch.stateful import StatefulDataLoader
 from agents.transport import Cancel, Cancelled
 
@@ -90,7 +91,9 @@ class _AutoMeta(type):
                 return _TORCH(*args, **kwargs)
             if workers > 1 and isinstance(dataset, torch.utils.data.IterableDataset):
                 _readers_said(workers)
-                return _TORCH(*args, **kwargs)
+                observed = ObservedDataLoader(*args, **kwargs)
+                _tuned.built(observed)
+                return observed
         loader = super().__call__(*args, **kwargs)
         if "_pipeline" not in vars(loader):
             _unserved(cls, "its __init__ does not call DataLoader.__init__")
@@ -246,8 +249,8 @@ def _readers_said(workers: int) -> None:
     _said.add("readers")
     log.info(
         "intune-run: a DataLoader of an IterableDataset with num_workers=%d loads as torch's, "
-        "not tuned: its readers keep their number and run fused with collate (there is "
-        "nothing to resize)",
+        "observed, not resized: its workers split the dataset by their number (stage "
+        "read+collate, its samples/s, the trainer's waiting and the workers' CPU reported)",
         workers,
     )
 
@@ -423,7 +426,8 @@ class _Tuned:
         if not current:
             agent.stop()
             return
-        log.info("intune-run: tuning %s as host %s", what, os.environ.get("INTUNE_HOST_ID"))
+        doing = "observing" if isinstance(loader, ObservedDataLoader) else "tuning"
+        log.info("intune-run: %s %s as host %s", doing, what, os.environ.get("INTUNE_HOST_ID"))
 
     def stop(self) -> None:
         """At exit: let the attaches under way end (a daemon thread still logging while the
