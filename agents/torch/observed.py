@@ -31,6 +31,7 @@ import torch.utils.data
 
 from agents.pipeline.errors import AllocationError
 from agents.pipeline.schedstat import process_runqueue_seconds
+from agents.torch.loader import _ConsumerStats
 
 #: The one stage an observed loader reports: torch's workers read and collate.
 STAGE = "read+collate"
@@ -153,12 +154,9 @@ class _Observation:
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._inherited = 0.0  # the training process's anonymous memory when workers forked
         self._seen: dict[int, tuple[psutil.Process, float, float]] = {}
-        self._since = self._metrics_at = time.monotonic()
-        self._wait_s = 0.0
-        self._waiting_since: float | None = None
-        self._batches_taken = 0
+        self._metrics_at = time.monotonic()
         self._batches_since_row = 0
-        self._samples = 0
+        self._stats = _ConsumerStats()  # the training loop's, as agents.torch.DataLoader's
 
     # -- the training loop -----------------------------------------------------------------
 
@@ -174,19 +172,15 @@ class _Observation:
             self._inherited = float(memory.rss - getattr(memory, "shared", 0))
 
     def waiting(self) -> None:
-        with self._lock:
-            self._waiting_since = time.monotonic()
+        self._stats.waiting()
 
     def taken(self, batch: Any) -> None:
-        samples = 0 if batch is None else self._samples_in(batch)
+        if batch is None:
+            self._stats.taken(0, batch=False)
+            return
+        self._stats.taken(self._samples_in(batch))
         with self._lock:
-            if self._waiting_since is not None:
-                self._wait_s += time.monotonic() - max(self._waiting_since, self._since)
-                self._waiting_since = None
-            if batch is not None:
-                self._batches_taken += 1
-                self._batches_since_row += 1
-                self._samples += samples
+            self._batches_since_row += 1
 
     def _samples_in(self, batch: Any) -> int:
         """The samples of a batch: the first dimension of its first tensor, else the loader's
@@ -199,21 +193,7 @@ class _Observation:
 
     def consumer_stats(self) -> dict[str, Any]:
         """The training loop since the previous read (``Pipeline.consumer_stats``'s keys)."""
-        with self._lock:
-            now = time.monotonic()
-            wall = max(now - self._since, 1e-9)
-            wait = self._wait_s
-            if self._waiting_since is not None:
-                wait += now - max(self._waiting_since, self._since)
-            batches, samples = self._batches_taken, self._samples
-            self._since, self._wait_s, self._batches_taken, self._samples = now, 0.0, 0, 0
-        return {
-            "throughput": samples / wall,
-            "idle_fraction": min(1.0, max(0.0, wait / wall)),
-            "step_ms": 1000.0 * (wall - wait) / batches if batches else 0.0,
-            "wait_ms": 1000.0 * wait / batches if batches else 0.0,
-            "device": "cpu",
-        }
+        return self._stats.read()
 
     # -- the workers -----------------------------------------------------------------------
 

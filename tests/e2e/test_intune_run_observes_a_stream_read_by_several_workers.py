@@ -8,8 +8,6 @@ job showed no host data. Every part real (web server, Celery worker, Redis, the 
 script's torch workers, the agent); every wait bounded."""
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import wait_showing_log
+from tests.support.processes import start_under_intune_run, wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -65,18 +63,10 @@ def test_a_stream_read_by_several_workers_is_observed_and_keeps_its_workers(
     job_id, host_id, token = plane.register(["read+collate"], cpus=2, worker_budget=4)
     (tmp_path / "train.py").write_text(SCRIPT)
     stop = tmp_path / "stop"
-    env = os.environ | {
-        "INTUNE_URL": plane.url,
-        "INTUNE_HOST_ID": str(host_id),
-        "INTUNE_AGENT_TOKEN": token,
-        "PYTHONPATH": str(ROOT),
-    }
-    log_path = tmp_path / "run.log"
-    with open(log_path, "w") as out:
-        run = subprocess.Popen(
-            [INTUNE_RUN, "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
-            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    run, log_path = start_under_intune_run(
+        [INTUNE_RUN, "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
+        plane, host_id, token, tmp_path, ROOT,
+    )  # fmt: skip
     try:
         with plane.stack.client(plane.api_token) as api:
 

@@ -5,8 +5,6 @@ iterated the validation loader), and every epoch still holds every training samp
 Skipped where pytorch-lightning is not installed (the test extras pin it)."""
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -14,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import wait_showing_log
+from tests.support.processes import start_under_intune_run, wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -93,18 +91,10 @@ def test_an_override_resizes_the_training_loader_of_a_lightning_script(
     job_id, host_id, token = plane.register(["fetch+collate"], cpus=2, worker_budget=4)
     (tmp_path / "train.py").write_text(SCRIPT)
     stop = tmp_path / "stop"
-    env = os.environ | {
-        "INTUNE_URL": plane.url,
-        "INTUNE_HOST_ID": str(host_id),
-        "INTUNE_AGENT_TOKEN": token,
-        "PYTHONPATH": str(ROOT),
-    }
-    log_path = tmp_path / "run.log"
-    with open(log_path, "w") as out:
-        run = subprocess.Popen(
-            [*_intune_run(), "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
-            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    run, log_path = start_under_intune_run(
+        [*_intune_run(), "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
+        plane, host_id, token, tmp_path, ROOT,
+    )  # fmt: skip
     try:
         with plane.stack.client(plane.api_token) as api:
 

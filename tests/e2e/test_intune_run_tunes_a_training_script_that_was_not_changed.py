@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import wait_showing_log
+from tests.support.processes import start_under_intune_run, wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -72,18 +72,10 @@ def test_an_unchanged_script_is_tuned_and_keeps_its_batches(live_control_plane, 
     user_site.mkdir()
     (user_site / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
     stop = tmp_path / "stop"
-    env = os.environ | {
-        "INTUNE_URL": plane.url,
-        "INTUNE_HOST_ID": str(host_id),
-        "INTUNE_AGENT_TOKEN": token,
-        "PYTHONPATH": f"{user_site}{os.pathsep}{ROOT}",
-    }
-    log_path = tmp_path / "run.log"
-    with open(log_path, "w") as out:
-        run = subprocess.Popen(
-            [INTUNE_RUN, "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
-            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    run, log_path = start_under_intune_run(
+        [INTUNE_RUN, "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
+        plane, host_id, token, tmp_path, f"{user_site}{os.pathsep}{ROOT}",
+    )  # fmt: skip
     try:
         with plane.stack.client(plane.api_token) as api:
 

@@ -74,3 +74,23 @@ def wait_showing_log(condition: Callable[[], Any], timeout_s: float, log_path: P
         return wait_until(condition, timeout_s, interval=0.5, what=what)
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{log_path.read_text()[-3000:]}") from exc
+
+
+def start_under_intune_run(
+    command: list[str], plane: Any, host_id: int, token: str, cwd: Path, pythonpath: Any
+) -> tuple[Any, Path]:
+    """Start ``command`` (``intune-run``'s argv, then the training command's) as host
+    ``host_id`` of the live control plane ``plane``, with ``pythonpath`` (this checkout's agents
+    first), in ``cwd``; returns the process and the path of its log (stdout and stderr)."""
+    import subprocess
+
+    env = os.environ | {
+        "INTUNE_URL": plane.url,
+        "INTUNE_HOST_ID": str(host_id),
+        "INTUNE_AGENT_TOKEN": token,
+        "PYTHONPATH": str(pythonpath),
+    }
+    log_path = cwd / "run.log"
+    with open(log_path, "w") as out:
+        run = subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    return run, log_path

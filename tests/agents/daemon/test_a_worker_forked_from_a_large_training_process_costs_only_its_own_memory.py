@@ -12,6 +12,7 @@ The real pipeline, agent and stand-in control plane; the sizes are generated."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
@@ -19,14 +20,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.daemon.agent import Agent, AgentConfig
+from agents.daemon.agent import Agent
 from agents.pipeline import Pipeline, Stage
 
-from .conftest import Consumer, holding, refusals
+from .conftest import Consumer, agent_config, holding, refusals
 
 # What a worker maps of its own beyond what it allocates: its stack, the interpreter's
 # arenas, the pages of libraries it reads (measured: 1 to 31 MB; a parent's size before).
 OVERHEAD_MB = 48
+
+
+def _publish_three_parse_workers(agent, control_plane, host, wait_for) -> int:
+    """Publish parse 3, transform 1 with ``agent`` running; its version once applied or
+    refused."""
+    with agent:
+        version = control_plane.publish(host.id, {"parse": 3, "transform": 1})
+        wait_for(
+            lambda: agent.applied_version == version or version in refusals(host),
+            timeout=30,
+            what="the allocation to be applied or refused",
+        )
+    return version
 
 
 def plus_one(n: int) -> int:
@@ -58,13 +72,8 @@ def test_a_stage_reads_and_is_budgeted_at_its_workers_own_memory(
         name="ballast",
     )
     host = control_plane.add_host(["parse", "transform"])
-    config = AgentConfig(
-        url=control_plane.url,
-        host_id=host.id,
-        token=host.token,
-        interval_s=0.2,
-        batch_seconds=0.3,
-        memory_budget_mb=2.0 * parent_mb,
+    config = dataclasses.replace(
+        agent_config(control_plane.url, host.id, host.token), memory_budget_mb=2.0 * parent_mb
     )
     consumer = Consumer(pipeline, step_s=0.0)
     try:
@@ -81,13 +90,7 @@ def test_a_stage_reads_and_is_budgeted_at_its_workers_own_memory(
 
         agent = Agent(pipeline, config)
         agent.take_sample()
-        with agent:
-            version = control_plane.publish(host.id, {"parse": 3, "transform": 1})
-            wait_for(
-                lambda: agent.applied_version == version or version in refusals(host),
-                timeout=30,
-                what="the allocation to be applied or refused",
-            )
+        version = _publish_three_parse_workers(agent, control_plane, host, wait_for)
         assert agent.applied_version == version, refusals(host).get(version)
         assert pipeline.allocation == {"parse": 3, "transform": 1}
     finally:
@@ -118,9 +121,7 @@ def test_the_default_memory_budget_is_shared_with_what_the_host_holds_besides_th
         name="shared",
     )
     host = control_plane.add_host(["parse", "transform"])
-    config = AgentConfig(
-        url=control_plane.url, host_id=host.id, token=host.token, interval_s=0.2, batch_seconds=0.3
-    )
+    config = agent_config(control_plane.url, host.id, host.token)
     consumer = Consumer(pipeline, step_s=0.0)
     try:
         pipeline.start()
@@ -147,13 +148,7 @@ def test_the_default_memory_budget_is_shared_with_what_the_host_holds_besides_th
         # Three parse workers need about three times what one holds: applied exactly when
         # the budget has room for them.
         needed = 3 * held["mb"]
-        with agent:
-            version = control_plane.publish(host.id, {"parse": 3, "transform": 1})
-            wait_for(
-                lambda: agent.applied_version == version or version in refusals(host),
-                timeout=30,
-                what="the allocation to be applied or refused",
-            )
+        version = _publish_three_parse_workers(agent, control_plane, host, wait_for)
         if needed <= 0.9 * budget:
             assert agent.applied_version == version, refusals(host).get(version)
         elif needed >= 1.1 * budget:
