@@ -60,6 +60,13 @@ class ObservedDataLoader(_TORCH):
         super().__init__(*args, **kwargs)
         self._observed = _Observation(self)
 
+    def __reduce__(self) -> tuple:
+        # Copied or pickled as torch's is, by this module's function: the class goes by torch's
+        # name, which pickle would look up and find another class under. The copy's figures
+        # start anew.
+        state = {k: v for k, v in self.__dict__.items() if k != "_observed"}
+        return _rebuilt, (state,)
+
     # -- what agents.attach reads ------------------------------------------------------
 
     @property
@@ -108,6 +115,14 @@ class ObservedDataLoader(_TORCH):
         iterator = super().__iter__()
         self._observed.started(iterator)
         return _TimedIterator(iterator, self._observed)
+
+
+def _rebuilt(state: dict[str, Any]) -> ObservedDataLoader:
+    """An observed loader from a copy's state (``ObservedDataLoader.__reduce__``)."""
+    loader = ObservedDataLoader.__new__(ObservedDataLoader)
+    loader.__dict__.update(state)  # torch's __setattr__ refuses some names once initialized
+    loader.__dict__["_observed"] = _Observation(loader)
+    return loader
 
 
 ObservedDataLoader.__name__ = ObservedDataLoader.__qualname__ = "DataLoader"

@@ -130,3 +130,15 @@ def test_its_workers_figures_are_read_from_torchs_workers_while_it_loads():
     assert row["cpu_percent"] > 0 and row["items_per_s"] > 0
     assert stats["throughput"] > 0 and stats["step_ms"] >= 0
     assert stats["throughput"] == pytest.approx(8 * row["items_per_s"], rel=0.5)
+
+
+def test_it_is_copied_and_pickled_as_torchs_loader_is():
+    """torch's loader of a stream pickles and copies; so does the observed one (its figures
+    start anew in the copy, which loads what the original loads)."""
+    import copy
+    import pickle
+
+    loader = ObservedDataLoader(Shards(40, "int"), batch_size=4, num_workers=2)
+    for other in (copy.deepcopy(loader), pickle.loads(pickle.dumps(loader))):
+        assert [_plain(b) for b in other] == [_plain(b) for b in loader]
+        assert other.metrics()[0]["workers"] == 2 and other._observed is not loader._observed
