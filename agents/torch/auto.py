@@ -31,6 +31,7 @@ from typing import Any
 import torch.utils.data
 import torch.utils.data.dataloader
 
+from agents.torch import observed
 from agents.torch.loader import DataLoader, _T_co
 from agents.torch.observed import ObservedDataLoader
 from agents.torch.stateful import StatefulDataLoader
@@ -456,6 +457,7 @@ def _batches(loader: DataLoader) -> float:
 
 
 _tuned = _Tuned()
+observed.on_iteration = _tuned.iterating
 atexit.register(_tuned.stop)
 
 

@@ -19,9 +19,11 @@ it since 1.x; without it the stage reports no worker figures, and training goes 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,12 @@ from agents.torch.loader import _ConsumerStats
 STAGE = "read+collate"
 
 _TORCH = torch.utils.data.DataLoader
+
+log = logging.getLogger("agents.autorun")
+
+#: Called with the loader as each of its iterations starts (``intune-run`` sets it to its
+#: choice of the loader to attach: ``agents.torch.auto``); ``None``: nothing is called.
+on_iteration: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,12 +114,11 @@ class ObservedDataLoader(_TORCH):
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Any:
-        from agents.torch import auto
-
-        try:
-            auto._tuned.iterating(self)
-        except Exception:  # noqa: BLE001 - observing never stops training
-            auto.log.exception("intune-run: choosing the loader to tune failed; training goes on")
+        if on_iteration is not None:
+            try:
+                on_iteration(self)
+            except Exception:  # noqa: BLE001 - observing never stops training
+                log.exception("intune-run: choosing the loader to tune failed; training goes on")
         iterator = super().__iter__()
         self._observed.started(iterator)
         return _TimedIterator(iterator, self._observed)

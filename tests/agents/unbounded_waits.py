@@ -235,6 +235,7 @@ ALLOWED_LOCKS: dict[tuple[str, str], str] = {
         "runs under it"
     ),
     ("agents/torch/loader.py", "_ConsumerStats._lock"): _ONLY_STATE,
+    ("agents/torch/observed.py", "_Observation._lock"): _ONLY_STATE,
     ("agents/process_lock.py", "SharedCount._lock"): (
         "a ProcessLock held to read and set one integer (a worker's id as it starts, a count "
         "of skipped lines); its `with` raises TimeoutError after its timeout (60 s), and a "
