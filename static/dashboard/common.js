@@ -130,10 +130,15 @@
 
   const PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
+  // Plotly reads a trace's name as HTML of its own (<b>, <br>, and <a href> as a link that opens
+  // a new tab): a job named '<a href="https://…">…</a>' put that link in the legend of every
+  // viewer's comparison chart, and "R&D <team>" lost its "<team>". Names go in escaped, and
+  // Plotly shows them as they were typed; the exports undo the escape.
   function draw(id, traces, chartLayout) {
     const node = document.getElementById(id);
     if (!node) return;
-    Plotly.react(node, traces, chartLayout, PLOT_CONFIG);
+    const named = traces.map((t) => (t.name === undefined ? t : { ...t, name: plotlyText(t.name) }));
+    Plotly.react(node, named, chartLayout, PLOT_CONFIG);
     node.dataset.points = String(traces.reduce((n, t) => n + ((t.x && t.x.length) || 0), 0));
   }
 
@@ -165,7 +170,7 @@
     const rows = [];
     for (const trace of (node && node.data) || []) {
       if (!trace.x || trace.meta === "decoration") continue;
-      trace.x.forEach((x, i) => rows.push({ series: trace.name || "", x, y: trace.y ? trace.y[i] : null }));
+      trace.x.forEach((x, i) => rows.push({ series: unescapeHtml(trace.name || ""), x, y: trace.y ? trace.y[i] : null }));
     }
     return rows;
   }
@@ -177,7 +182,7 @@
     return {
       title, x: axis("xaxis"), y: axis("yaxis"),
       series: ((node && node.data) || []).filter((t) => t.x && t.meta !== "decoration").map((t) => ({
-        name: t.name || "", x: t.x.map((v) => (v instanceof Date ? v.toISOString() : v)), y: t.y || [],
+        name: unescapeHtml(t.name || ""), x: t.x.map((v) => (v instanceof Date ? v.toISOString() : v)), y: t.y || [],
       })),
     };
   }
@@ -241,8 +246,12 @@
   // an error, is shown on the page and told in the console once, as a warning; an error of the
   // page's own (a bug in drawing an answer) is a console error, once a run of failures.
   class Live {
-    constructor(tick, periodMs, { maxBackoffMs = 15000, probe = () => api("/healthz") } = {}) {
+    constructor(tick, periodMs, { maxBackoffMs = 15000, probe = () => api("/healthz"), gone = null } = {}) {
       this.tick = tick;
+      // gone(error): what to say when the error means the page's subject was deleted (a 404),
+      // or null; the page then stops refreshing instead of retrying for as long as it is open.
+      this.gone = gone;
+      this.ended = null;
       this.periodMs = periodMs;
       this.maxBackoffMs = maxBackoffMs;
       this.probe = probe;
@@ -297,7 +306,16 @@
         if (error) this.status.title = error.message;
       }
     }
+    end(message) {
+      this.ended = message;
+      clearTimeout(this.timer);
+      if (this.root) this.root.classList.add("failing", "ended");
+      if (this.toggle) this.toggle.disabled = true;
+      if (this.status) { this.status.textContent = message; this.status.removeAttribute("title"); }
+      document.body.classList.add("stale");
+    }
     async now() {
+      if (this.ended) return;
       // Asked while a refresh runs (the browser back online, a form sent), one more runs as soon
       // as it ends: never two at once, and never more than one waiting.
       if (this.running) { this.again = true; return; }
@@ -317,7 +335,11 @@
       } catch (error) {
         this.failures += 1;
         if (this.failingSince === null) this.failingSince = Date.now() / 1000;
-        if (!leaving()) {
+        const gone = !leaving() && error instanceof ApiError && this.gone && this.gone(error);
+        if (gone) {
+          console.warn(`live refresh stopped: ${error.message}`);
+          this.end(gone);
+        } else if (!leaving()) {
           // One line in the console a run of failures, not one a retry for hours.
           if (this.failures === 1) {
             if (error instanceof ApiError) console.warn(`live refresh failed, retrying with a backoff: ${error.message}`);
@@ -328,7 +350,7 @@
       } finally {
         this.running = false;
         // A hidden page schedules nothing: visibilitychange starts it again when it is shown.
-        if (!this.paused) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.again ? 0 : this.delayMs());
+        if (!this.paused && !this.ended) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.again ? 0 : this.delayMs());
       }
     }
   }
@@ -376,10 +398,21 @@
     container.replaceChildren(...items);
   }
 
+  const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const CHARACTERS = Object.fromEntries(Object.entries(ENTITIES).map(([c, e]) => [e, c]));
   function escapeHtml(s) {
-    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+    return String(s).replace(/[&<>"']/g, (c) => ENTITIES[c]);
+  }
+  // Text for Plotly, which reads <b>, <br>, <a href> and a few more as HTML of its own, and
+  // decodes &amp; &lt; &gt; but not &quot;: with no '<' left, no tag can form.
+  function plotlyText(s) {
+    return String(s).replace(/[&<>]/g, (c) => ENTITIES[c]);
+  }
+  // The text escapeHtml or plotlyText was given back (a chart's series name, for its export).
+  function unescapeHtml(s) {
+    return String(s).replace(/&(?:amp|lt|gt|quot|#39);/g, (e) => CHARACTERS[e]);
   }
 
   // requestTimeoutMs: each request's deadline; a test may shorten it.
-  window.InTune = { requestTimeoutMs: 20000, PALETTE, config, api, all, ApiError, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows };
+  window.InTune = { requestTimeoutMs: 20000, PALETTE, config, api, all, ApiError, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows, plotlyText, unescapeHtml };
 })();

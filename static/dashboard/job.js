@@ -4,7 +4,7 @@
 // 24 h range costs one large query and then small ones; Plotly's uirevision keeps the zoom.
 (function () {
   "use strict";
-  const { api, all, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, config, PALETTE } = window.InTune;
+  const { api, all, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, plotlyText, registerTableExport, config, PALETTE } = window.InTune;
   const settings = config();
   const job = settings.job;
   const stageNames = settings.stages;
@@ -88,7 +88,7 @@
     } else {
       const reason = (twin && twin.reason) || "no twin fitted for this host yet";
       note = `No estimate of the best this host allows: ${reason}.`;
-      extra.annotations = [{ text: `No twin estimate: ${reason}`, xref: "paper", yref: "paper", x: 1, y: 1.02,
+      extra.annotations = [{ text: `No twin estimate: ${plotlyText(reason)}`, xref: "paper", yref: "paper", x: 1, y: 1.02,
         xanchor: "right", yanchor: "bottom", showarrow: false, font: { size: 11, color: "#6b7280" } }];
     }
     draw("chart-throughput", traces, layout("End-to-end throughput against the twin's best", { y: "samples/s", uirevision: revision(), extra }));
@@ -201,7 +201,9 @@
       traces.push({
         x: toDates(mine.map((a) => a.created_at)), y: mine.map((a) => Object.values(a.workers).reduce((p, q) => p + q, 0)),
         name: style.label, mode: "markers", marker: { symbol: style.symbol, size: 11, color: style.color, line: { color: "#fff", width: 1.5 } },
-        text: mine.map((a) => `v${a.version} ${a.source}${a.created_by ? " by " + a.created_by : ""} · ${a.status}${a.refusal_reason ? ": " + a.refusal_reason : ""}<br>${fmt.workers(a.workers)}`),
+        // Plotly reads the text as HTML: the person's name and the agent's reason are escaped.
+        text: mine.map((a) => `v${a.version} ${a.source}${a.created_by ? " by " + plotlyText(a.created_by) : ""} · ${a.status}`
+          + `${a.refusal_reason ? ": " + plotlyText(a.refusal_reason) : ""}<br>${plotlyText(fmt.workers(a.workers))}`),
         hovertemplate: "%{text}<extra></extra>",
       });
     }
@@ -636,7 +638,10 @@
   }
 
   if (!settings.hosts.length) return;
-  const live = new Live(tick, settings.refreshMs || 1000);
+  // Every request of the page is about this job or one of its hosts: a 404 means it was deleted.
+  const live = new Live(tick, settings.refreshMs || 1000, {
+    gone: (error) => (error.status === 404 ? "Deleted: this job or host no longer exists; the figures are the last ones shown." : null),
+  });
   window.live = live;
   const fromHash = Number((location.hash.match(/^#host-(\d+)$/) || [])[1]);
   selectHost(fromHash || settings.hosts[0].id);

@@ -679,6 +679,7 @@ def test_an_invalid_override_is_refused_with_the_reason_on_the_page(page, plane)
     # Chromium logs the answer of 400 it was given, and nothing else.
     unexpected = [e for e in page.console_errors() if "status of 400 (Bad Request)" not in e]
     assert unexpected == []
+    page.clear_console_errors()  # the 400, checked above: a test after it may keep the page
 
 
 # The page shows a sample at its next live refresh (every second); the "within two seconds"
@@ -923,6 +924,74 @@ def test_a_host_with_two_ranks_shows_each_rank_and_highlights_the_slowest(page, 
         "document.getElementById('note-ranks').innerText"
     )
     shoot(page, "ranks-laptop")
+    assert page.console_errors() == []
+
+
+@chromium_only
+def test_a_job_deleted_while_its_page_is_open_is_said_to_be_gone_and_no_longer_asked_for(
+    page, plane
+):
+    """Every request of a job's page answers 404 once the job is deleted: the page said "Refresh
+    failed ... Not found." and asked again every 15 s for as long as it stayed open."""
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "dlrm-deleted", "stages": [{"name": s} for s in STAGES]},
+        {"name": "trainer-deleted", "cpus": 4, "memory_mb": 8192},
+    )
+    now = time.time()
+    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    open_job(page, plane | {"job_url": f"{stack.url}/jobs/{job_id}/", "host": host_id})
+    page.clear_console_errors()
+    with short_refresh_period(page):
+        with stack.client(plane["operator"]["token"]) as api:
+            assert api.delete(f"/api/v1/jobs/{job_id}/").status_code == 204
+        page.wait_for(
+            f"{LIVE_STATUS}.startsWith('Deleted')", 10, what="the page saying the job is gone"
+        )
+        page.evaluate(COUNT_REQUESTS)
+        time.sleep(NO_REFRESH_S * 2)
+        assert page.evaluate("window.requests.made") == 0, "the page went on asking"
+    assert page.evaluate("document.querySelector('[data-live-toggle]').disabled")
+    assert page.evaluate("document.body.classList.contains('stale')")
+    assert page_errors(page) == [], page_errors(page)
+    page.clear_console_errors()  # Chromium's line for each 404, checked as the browser's
+
+
+# A job's name is free text (a host's is letters, digits, '_', '.' and '-').
+HOSTILE_JOB_NAME = '<a href="https://example.com/">R&D</a> <team> & co'
+
+
+@chromium_only
+def test_a_job_named_in_html_shows_its_name_as_typed_on_the_charts_and_puts_no_link_there(
+    page, plane
+):
+    """Plotly reads a trace's name as HTML of its own: the comparison chart's legend made a link
+    that opens example.com of a job named '<a href="https://example.com/">…</a>', for everyone
+    who compares its hosts, and "<team>" vanished from the name."""
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": HOSTILE_JOB_NAME, "stages": [{"name": s} for s in STAGES]},
+        {"name": "trainer-hostile", "cpus": 4, "memory_mb": 8192},
+    )
+    now = time.time()
+    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    set_viewport(page, LAPTOP)
+    page.goto(f"{stack.url}/compare/?mode=hosts&a={host_id}&b={plane['host']}&metric=throughput")
+    page.wait_for(
+        "(document.getElementById('chart-compare').data || [])"
+        ".filter(t => t.x.length > 0).length === 2",
+        what="both hosts on the chart",
+    )
+    label = f"A: {HOSTILE_JOB_NAME} / trainer-hostile"
+    legend = page.evaluate(
+        "[...document.querySelectorAll('#chart-compare .legendtext')].map(n => n.textContent)"
+    )
+    assert label in legend, legend
+    assert page.evaluate("document.querySelectorAll('#chart-compare .legend a').length") == 0
+    exported = page.evaluate("InTune.chartRows('chart-compare').map(r => r.series)")
+    assert label in exported, sorted(set(exported))
     assert page.console_errors() == []
 
 
