@@ -18,6 +18,7 @@ test-artifacts/dashboard/.
 """
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -26,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support import browsers
 from tests.support.browsers.driver import START_TIMEOUT_S
@@ -993,6 +996,110 @@ def test_a_job_named_in_html_shows_its_name_as_typed_on_the_charts_and_puts_no_l
     exported = page.evaluate("InTune.chartRows('chart-compare').map(r => r.series)")
     assert label in exported, sorted(set(exported))
     assert page.console_errors() == []
+
+
+# --- generated job shapes ----------------------------------------------------------------------
+# A job's name is free text: letters of any script, HTML's own characters, a right-to-left mark,
+# an emoji, Plotly's template marks.
+JOB_NAME_CHARACTERS = "aZ09 <>&\"'/%{}#é中ع\u202e🙂-_."
+STAGE_NAME = st.from_regex(r"\A[a-z][a-z0-9_.-]{0,10}\Z")
+# Extreme but valid figures: the protocol's bounds (webapp/ingestion/validation.py) and zeros.
+RATES = st.sampled_from([0.0, 1e-9, 0.5, 900.0, 1e6, 1e12])
+VIEWPORTS = st.sampled_from([(320, 640), PHONE, (768, 1024), LAPTOP, (2560, 1440)])
+
+
+@st.composite
+def job_shapes(draw):
+    stages = draw(st.lists(STAGE_NAME, min_size=1, max_size=12, unique=True))
+    if len(stages) >= 2 and draw(st.booleans()):
+        stages = [f"{stages[0]}+{stages[1]}", *stages[2:]]  # a fused layout
+    name = draw(st.text(JOB_NAME_CHARACTERS, min_size=1, max_size=40).filter(str.strip))
+    hosts = draw(st.integers(0, 4))
+    return {
+        "name": name,
+        "stages": stages,
+        "hosts": [
+            {"cpus": draw(st.sampled_from([1, 2, 8, 96, 100000])),
+             "memory_mb": draw(st.sampled_from([256, 16384, 1e9])),
+             "samples": draw(st.integers(0, 30)), "rate": draw(RATES),
+             "idle": draw(st.sampled_from([0.0, 0.5, 1.0]))}
+            for _ in range(hosts)
+        ],
+        "viewport": draw(VIEWPORTS),
+    }  # fmt: skip
+
+
+def shaped_sample(seq: int, ts: float, host: dict, stages: list[str]) -> dict:
+    sample = protocol_sample(seq, ts, throughput=host["rate"], stages=stages)
+    sample["host"] |= {
+        "cpus": float(host["cpus"]),
+        "cpu_percent": 100.0,
+        "memory_used_mb": host["memory_mb"],
+        "memory_limit_mb": host["memory_mb"],
+    }
+    sample["trainer"]["idle_fraction"] = host["idle"]
+    return sample  # fmt: skip
+
+
+SHAPES = 8
+SHAPE_NUMBERS = itertools.count(1)
+
+
+@chromium_only
+@settings(
+    max_examples=SHAPES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(shape=job_shapes())
+def test_generated_job_shapes_load_draw_and_fit_on_the_screen(page, plane, shape):
+    """Jobs of 0 to 4 hosts and 1 to 12 stages (fused or not), names in any script and in HTML,
+    figures from 0 to the protocol's bounds, at widths from 320 px to 2560: the page loads
+    without an error of its own, refreshes, draws its charts and does not scroll sideways."""
+    print(shape)
+    stack = plane["stack"]
+    operator = plane["operator"]["token"]
+    name = f"{shape['name']} {next(SHAPE_NUMBERS)}"  # a job's name is unique
+    with stack.client(operator) as api:
+        job = api.post(
+            "/api/v1/jobs/", json={"name": name, "stages": [{"name": s} for s in shape["stages"]]}
+        )
+        assert job.status_code == 201, job.text
+        job_id = job.json()["id"]
+    try:
+        now = time.time()
+        with stack.client(operator) as api:
+            for i, host in enumerate(shape["hosts"]):
+                made = api.post(
+                    f"/api/v1/jobs/{job_id}/hosts/",
+                    json={"name": f"h{i}", "cpus": host["cpus"], "memory_mb": host["memory_mb"]},
+                )
+                assert made.status_code == 201, made.text
+                samples = [
+                    shaped_sample(n + 1, now - host["samples"] + n, host, shape["stages"])
+                    for n in range(host["samples"])
+                ]
+                if samples:
+                    post_samples(stack, made.json()["id"], made.json()["agent_token"], samples)
+        set_viewport(page, shape["viewport"])
+        page.goto(f"{stack.url}/jobs/{job_id}/")
+        if shape["hosts"]:
+            page.wait_for(f"{REFRESHED_AT} > 0", what="the page's first live refresh")
+            for chart in ("throughput", "allocation", "cpu", "memory"):
+                page.wait_for(
+                    f"!!document.getElementById('chart-{chart}').data", what=f"the {chart} chart"
+                )
+            if shape["hosts"][0]["samples"]:
+                page.wait_for(has_points("throughput"), what="the throughput chart's points")
+        sideways = "document.documentElement.scrollWidth - window.innerWidth"
+        try:
+            page.wait_for(f"{sideways} <= 0", 5)
+        except TimeoutError:
+            pytest.fail(f"the page scrolls sideways by {page.evaluate(sideways)} px: {shape}")
+        assert page_errors(page) == [], (page_errors(page), shape)
+    finally:
+        with stack.client(operator) as api:
+            api.delete(f"/api/v1/jobs/{job_id}/")
 
 
 # The control plane as a page sees it while it restarts behind a proxy: the host's metrics hang
