@@ -306,13 +306,28 @@
         if (error) this.status.title = error.message;
       }
     }
-    end(message) {
+    // No more refreshes: the page says why (and offers `link`, an element, after it).
+    end(message, link) {
       this.ended = message;
       clearTimeout(this.timer);
       if (this.root) this.root.classList.add("failing", "ended");
       if (this.toggle) this.toggle.disabled = true;
-      if (this.status) { this.status.textContent = message; this.status.removeAttribute("title"); }
+      if (this.status) {
+        this.status.replaceChildren(...(link ? [`${message} `, link] : [message]));
+        this.status.removeAttribute("title");
+      }
       document.body.classList.add("stale");
+    }
+    // Logged out (the session expired, or ended in another tab): every request would answer
+    // 401 until the person logs in again, so the page stops asking and links to the login,
+    // which brings the person back here. It used to retry every 15 s for as long as it was open,
+    // saying "Refresh failed ...: Authentication credentials were not provided."
+    loggedOut() {
+      const link = document.createElement("a");
+      link.href = `/accounts/login/?next=${encodeURIComponent(location.pathname + location.search + location.hash)}`;
+      link.textContent = "Log in again";
+      link.dataset.login = "";
+      this.end(`Logged out at ${fmt.time(Date.now() / 1000)}; the figures are the last ones shown.`, link);
     }
     async now() {
       if (this.ended) return;
@@ -336,7 +351,10 @@
         this.failures += 1;
         if (this.failingSince === null) this.failingSince = Date.now() / 1000;
         const gone = !leaving() && error instanceof ApiError && this.gone && this.gone(error);
-        if (gone) {
+        if (!leaving() && error instanceof ApiError && (error.status === 401 || error.status === 403)) {
+          console.warn(`live refresh stopped: ${error.message}`);
+          this.loggedOut();
+        } else if (gone) {
           console.warn(`live refresh stopped: ${error.message}`);
           this.end(gone);
         } else if (!leaving()) {

@@ -637,7 +637,14 @@
     document.body.dataset.refreshedAt = String(Date.now());
   }
 
-  if (!settings.hosts.length) return;
+  if (!settings.hosts.length) {
+    // Nothing to refresh until an agent registers a host: the page says so, not "Live".
+    const status = document.querySelector("[data-live-status]");
+    const toggle = document.querySelector("[data-live-toggle]");
+    if (status) status.textContent = "No hosts yet: reload once an agent has registered";
+    if (toggle) toggle.disabled = true;
+    return;
+  }
   // Every request of the page is about this job or one of its hosts: a 404 means it was deleted.
   const live = new Live(tick, settings.refreshMs || 1000, {
     gone: (error) => (error.status === 404 ? "Deleted: this job or host no longer exists; the figures are the last ones shown." : null),

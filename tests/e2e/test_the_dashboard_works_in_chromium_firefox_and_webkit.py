@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support import browsers
@@ -961,6 +961,40 @@ def test_a_job_deleted_while_its_page_is_open_is_said_to_be_gone_and_no_longer_a
     page.clear_console_errors()  # Chromium's line for each 404, checked as the browser's
 
 
+# Ends the page's session as the Log out button in another tab does.
+LOG_OUT = """(async () => {
+  const csrf = decodeURIComponent((document.cookie.match(/(?:^|;\\s*)csrftoken=([^;]+)/) || [])[1] || "");
+  const answer = await fetch("/accounts/logout/", {method: "POST", headers: {"X-CSRFToken": csrf},
+    credentials: "same-origin"});
+  return answer.ok;
+})()"""
+
+
+@chromium_only
+def test_a_page_whose_session_ended_stops_refreshing_and_links_to_the_login(page, plane):
+    """Logged out in another tab (or the session expired), every refresh answers 401: the page
+    said "Refresh failed ...: Authentication credentials were not provided." and asked again
+    every 15 s for as long as it was open. It now says so once, stops, and links to the login,
+    which brings the person back to the page."""
+    open_job(page, plane)
+    page.clear_console_errors()
+    try:
+        with short_refresh_period(page):
+            assert page.evaluate(LOG_OUT)
+            page.wait_for(f"{LIVE_STATUS}.startsWith('Logged out')", 10, what="the page saying so")
+            page.evaluate(COUNT_REQUESTS)
+            time.sleep(NO_REFRESH_S * 2)
+            assert page.evaluate("window.requests.made") == 0, "the page went on asking"
+        link = page.evaluate("document.querySelector('[data-live-status] a[data-login]').href")
+        assert link.endswith(
+            f"/accounts/login/?next=%2Fjobs%2F{plane['job']}%2F%23host-{plane['host']}"
+        ), link
+        assert page_errors(page) == [], page_errors(page)
+    finally:
+        page.clear_console_errors()  # Chromium's line for each 401, the browser's
+        log_in(page, plane, "operator")  # for the tests after this one
+
+
 # A job's name is free text (a host's is letters, digits, '_', '.' and '-').
 HOSTILE_JOB_NAME = '<a href="https://example.com/">R&D</a> <team> & co'
 
@@ -1052,10 +1086,12 @@ SHAPE_NUMBERS = itertools.count(1)
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(shape=job_shapes())
+@example(shape={"name": "no hosts", "stages": ["read"], "hosts": [], "viewport": LAPTOP})
 def test_generated_job_shapes_load_draw_and_fit_on_the_screen(page, plane, shape):
     """Jobs of 0 to 4 hosts and 1 to 12 stages (fused or not), names in any script and in HTML,
     figures from 0 to the protocol's bounds, at widths from 320 px to 2560: the page loads
-    without an error of its own, refreshes, draws its charts and does not scroll sideways."""
+    without an error of its own, refreshes, draws its charts and does not scroll sideways; a
+    job of no hosts says it has none."""
     print(shape)
     stack = plane["stack"]
     operator = plane["operator"]["token"]
@@ -1091,6 +1127,10 @@ def test_generated_job_shapes_load_draw_and_fit_on_the_screen(page, plane, shape
                 )
             if shape["hosts"][0]["samples"]:
                 page.wait_for(has_points("throughput"), what="the throughput chart's points")
+        else:
+            # Nothing refreshes a job page of no hosts: it said "Live" all the same.
+            status = page.evaluate(LIVE_STATUS)
+            assert status.startswith("No hosts yet"), status
         sideways = "document.documentElement.scrollWidth - window.innerWidth"
         try:
             page.wait_for(f"{sideways} <= 0", 5)
