@@ -261,6 +261,7 @@
       this.failures = 0;
       this.failingSince = null;
       this.refreshedAt = null;
+      this.lastError = null;
       this.again = false;
       this.root = document.querySelector("[data-live]");
       this.status = this.root && this.root.querySelector("[data-live-status]");
@@ -299,11 +300,15 @@
         this.status.textContent = this.refreshedAt ? `Live · ${fmt.time(this.refreshedAt)}` : "Live";
         this.status.removeAttribute("title");
       } else {
+        // Paused and resumed while failing, the page says again what it said.
+        const shown = error || this.lastError;
         const data = this.refreshedAt ? `data from ${fmt.time(this.refreshedAt)}` : "no data yet";
-        const unreachable = error instanceof ApiError && error.status === 0;
+        const unreachable = shown instanceof ApiError && shown.status === 0;
+        // No answer at all says little more than "Reconnecting"; an answer's detail is news.
+        const reason = shown && !unreachable ? `: ${shown.message}` : "";
         this.status.textContent = `${unreachable ? "Reconnecting" : "Refresh failed"} since ${fmt.time(this.failingSince)}, `
-          + `retrying in ${Math.round(this.delayMs() / 1000)} s · ${data}`;
-        if (error) this.status.title = error.message;
+          + `retrying in ${Math.round(this.delayMs() / 1000)} s · ${data}${reason}`;
+        if (shown) this.status.title = shown.message;
       }
     }
     // No more refreshes: the page says why (and offers `link`, an element, after it).
@@ -345,10 +350,12 @@
         }
         this.failures = 0;
         this.failingSince = null;
+        this.lastError = null;
         this.refreshedAt = Date.now() / 1000;
         this.showStatus();
       } catch (error) {
         this.failures += 1;
+        this.lastError = error;
         if (this.failingSince === null) this.failingSince = Date.now() / 1000;
         const gone = !leaving() && error instanceof ApiError && this.gone && this.gone(error);
         if (!leaving() && error instanceof ApiError && (error.status === 401 || error.status === 403)) {

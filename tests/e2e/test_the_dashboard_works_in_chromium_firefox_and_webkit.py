@@ -642,6 +642,7 @@ def test_a_control_plane_that_goes_away_is_reconnected_to_quietly_and_the_page_r
             away = page.evaluate("window.requests")
         finally:
             front.come_back()
+        print(f"{page.engine}: {away['made']} requests in {AWAY_S} s away, {away['most']} at once")
         # The first failed refresh's requests, then one probe a retry: 0.5, 1, 2, 2 s apart in
         # 3 s, so at most 4 or 5 retries (a whole refresh each, before: 8 requests a retry).
         assert away["made"] <= REQUESTS_PER_REFRESH + 6, away
