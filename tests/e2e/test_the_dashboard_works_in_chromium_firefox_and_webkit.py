@@ -962,6 +962,43 @@ def test_a_job_deleted_while_its_page_is_open_is_said_to_be_gone_and_no_longer_a
     page.clear_console_errors()  # Chromium's line for each 404, checked as the browser's
 
 
+@chromium_only
+def test_a_job_deleted_while_the_job_list_is_open_is_shown_as_deleted(page, plane):
+    """The job list showed a deleted job's last figures ("running", its throughput, its
+    sparkline) for as long as it stayed open: its row was simply no longer updated."""
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "dlrm-deleted-from-the-list", "stages": [{"name": s} for s in STAGES]},
+        {"name": "trainer-listed", "cpus": 4, "memory_mb": 8192},
+    )
+    now = time.time()
+    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    set_viewport(page, LAPTOP)
+    page.goto(f"{stack.url}/")
+    row = f"document.querySelector(\"tr[data-job-id='{job_id}']\")"
+    page.wait_for(
+        f"(r => !!r && r.querySelector('[data-field=throughput]').textContent.includes('/s'))({row})",
+        what="the job's throughput in the list",
+    )
+    with stack.client(plane["operator"]["token"]) as api:
+        assert api.delete(f"/api/v1/jobs/{job_id}/").status_code == 204
+    page.wait_for(
+        f"{row}.querySelector('[data-field=status]').textContent === 'deleted'",
+        10,
+        what="the row saying the job was deleted",
+    )
+    assert page.evaluate(f"{row}.querySelector('[data-field=throughput]').textContent") == "–"
+    assert page.evaluate(f"{row}.querySelector('.sparkline').dataset.points") == "0"
+    # The other jobs are left as they are.
+    still_listed = (
+        f"document.querySelector(\"tr[data-job-id='{plane['job']}'] [data-field=status]\")"
+        ".textContent !== 'deleted'"
+    )
+    assert page.evaluate(still_listed)
+    assert page.console_errors() == []
+
+
 # Ends the page's session as the Log out button in another tab does.
 LOG_OUT = """(async () => {
   const csrf = decodeURIComponent((document.cookie.match(/(?:^|;\\s*)csrftoken=([^;]+)/) || [])[1] || "");
