@@ -578,8 +578,15 @@
       });
     }
     $("range-select").addEventListener("change", (e) => { state.rangeS = Number(e.target.value); state.metrics = null; live.now(); });
-    for (const button of document.querySelectorAll(".host-select")) {
-      button.addEventListener("click", () => selectHost(Number(button.dataset.hostId)));
+    // The host's button picks it from the keyboard; a click anywhere on its row does too. The
+    // row itself was a tab stop that did nothing (one per host: 500 on a job of 500 hosts) and
+    // its aria-label hid its cells from screen readers.
+    const hostsTable = $("hosts-table");
+    if (hostsTable) {
+      hostsTable.addEventListener("click", (event) => {
+        const row = event.target.closest("tr[data-host-id]");
+        if (row) selectHost(Number(row.dataset.hostId));
+      });
     }
   }
 

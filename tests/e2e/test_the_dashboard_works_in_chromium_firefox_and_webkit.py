@@ -999,6 +999,35 @@ def test_a_job_deleted_while_the_job_list_is_open_is_shown_as_deleted(page, plan
     assert page.console_errors() == []
 
 
+FOCUSABLE = "a[href], button, input, select, textarea, [tabindex]"
+
+
+@chromium_only
+def test_each_host_row_is_one_tab_stop_that_picks_the_host_and_a_click_on_the_row_does_too(
+    page, plane
+):
+    """Each host's row was a tab stop (tabindex) with no handler, beside its button: two tab
+    stops a host, one doing nothing (1,000 before the charts on a job of 500 hosts), and the
+    row's aria-label ("show host …") hid its cells from screen readers."""
+    open_job(page, plane)
+    stops = page.evaluate(
+        f"[...document.querySelectorAll('#hosts-table tbody tr')].map(r =>"
+        f" [r.querySelectorAll({FOCUSABLE!r}).length + (r.matches('[tabindex]') ? 1 : 0),"
+        " r.hasAttribute('aria-label')])"
+    )
+    assert stops and all(s == [1, False] for s in stops), stops
+    fed_row = f"#hosts-table tr[data-host-id='{plane['fed_host']}'] [data-field=throughput]"
+    page.click(fed_row)
+    page.wait_for(
+        f"location.hash === '#host-{plane['fed_host']}'"
+        " && document.getElementById('host-name').textContent === 'trainer-fed'",
+        what="the fed host picked by a click on its row",
+    )
+    page.click(f"#hosts-table tr[data-host-id='{plane['host']}'] [data-field=idle]")
+    page.wait_for(f"location.hash === '#host-{plane['host']}'", what="the agent's host again")
+    assert page.console_errors() == []
+
+
 # Ends the page's session as the Log out button in another tab does.
 LOG_OUT = """(async () => {
   const csrf = decodeURIComponent((document.cookie.match(/(?:^|;\\s*)csrftoken=([^;]+)/) || [])[1] || "");
