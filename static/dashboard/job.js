@@ -50,11 +50,14 @@
       state.step = data.step;
       return data;
     }
-    const ts = state.metrics.series.ts;
+    // Taken before the request: a host picked or a range chosen while it is out sets
+    // state.metrics to null ("Cannot read properties of null (reading 'series')" in the console,
+    // the refresh failed); the tick then drops this answer.
+    const merged = state.metrics;
+    const ts = merged.series.ts;
     const last = ts.length ? ts[ts.length - 1] : keepFrom;
     const cutFrom = Math.max(keepFrom, Math.floor(last / state.step) * state.step);
     const data = await api(`${base}?since=${cutFrom.toFixed(3)}&${untilParam}&step=${state.step}`);
-    const merged = state.metrics;
     mergeInto(merged.series, data.series, cutFrom, keepFrom);
     for (const [name, series] of Object.entries(data.stages)) {
       if (!merged.stages[name]) merged.stages[name] = emptySeries(Object.keys(series));
@@ -603,6 +606,7 @@
   // --- the refresh ----------------------------------------------------------------------------
   async function tick() {
     const hostId = state.hostId;
+    const rangeS = state.rangeS;
     const slow = state.ticks % 2 === 0; // decisions, sessions and the audit trail every other tick
     state.ticks += 1;
     const since = Date.now() / 1000 - state.rangeS;
@@ -617,7 +621,8 @@
       requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/?host=${hostId}`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
     }
     const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await all(requests);
-    if (hostId !== state.hostId) return; // the person picked another host meanwhile
+    // The person picked another host or range meanwhile: the next refresh, asked for then, shows it.
+    if (hostId !== state.hostId || rangeS !== state.rangeS) return;
     state.metrics = metrics;
     state.overview = overview;
     state.allocations = allocations.allocations;

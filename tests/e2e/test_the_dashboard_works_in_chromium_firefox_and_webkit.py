@@ -591,6 +591,31 @@ def test_a_refresh_in_flight_when_the_page_is_left_puts_nothing_in_the_console(p
         front.delay_s = 0.0
 
 
+@chromium_only
+def test_a_host_or_range_picked_while_a_refresh_is_out_is_shown_without_an_error(
+    page, plane, front
+):
+    """A host picked, or a range chosen, while a refresh was out set the page's metrics to null
+    under it: "TypeError: Cannot read properties of null (reading 'series')" in the console and
+    that refresh failed (found by the full module's run: a click in one test, the error in the
+    next)."""
+    open_job_through(page, plane, front)
+    page.clear_console_errors()
+    fed_row = f"#hosts-table tr[data-host-id='{plane['fed_host']}'] [data-field=throughput]"
+    try:
+        for pick in (lambda: page.click(fed_row), lambda: page.select("#range-select", "3600")):
+            front.delay_s = 1.0  # the server slow: each refresh is out for a second
+            page.wait_for("window.live.running", 10, what="a refresh in flight")
+            pick()
+            front.delay_s = 0.0
+            wait_for_refreshes(page, 2)
+            assert page_errors(page) == [], page_errors(page)
+    finally:
+        front.delay_s = 0.0
+    assert page.evaluate("document.getElementById('host-name').textContent") == "trainer-fed"
+    page.wait_for(has_points("throughput"), what="the fed host's throughput over the hour")
+
+
 # Counts the page's requests, as the page's own fetch makes them, and the most in flight at once.
 COUNT_REQUESTS = """(() => {
   if (window.requests) { Object.assign(window.requests, {made: 0, most: 0}); return true; }
@@ -1025,6 +1050,7 @@ def test_each_host_row_is_one_tab_stop_that_picks_the_host_and_a_click_on_the_ro
     )
     page.click(f"#hosts-table tr[data-host-id='{plane['host']}'] [data-field=idle]")
     page.wait_for(f"location.hash === '#host-{plane['host']}'", what="the agent's host again")
+    wait_for_refreshes(page, 1)  # a refresh out at a click ends before the console is read
     assert page.console_errors() == []
 
 
