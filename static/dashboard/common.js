@@ -27,6 +27,11 @@
   // Every request has a deadline (InTune.requestTimeoutMs): a control plane that accepts the
   // connection and never answers, or a network that drops the packets, would otherwise hold the
   // live refresh, waiting for it, for good while the page went on showing "Live".
+  // No answer at all (the server down or restarting, the connection reset, the deadline) is an
+  // ApiError of status 0, with the same words in every engine: fetch's own TypeError says
+  // "Failed to fetch" in Chromium, "NetworkError when attempting to fetch resource." in Firefox
+  // and "Load failed" in WebKit. The answer's body is read whole before it is parsed, so that a
+  // connection cut mid-answer fails the request instead of handing the page a null.
   async function api(url, { method = "GET", body } = {}) {
     const headers = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -34,25 +39,33 @@
     const timeoutMs = window.InTune.requestTimeoutMs;
     const deadline = new AbortController();
     const timer = setTimeout(() => deadline.abort(), timeoutMs);
+    const unanswered = (error) => new ApiError(0, deadline.signal.aborted
+      ? `${method} ${url} had no answer within ${timeoutMs / 1000} s`
+      : `${method} ${url}: the control plane could not be reached (${error && error.message})`);
     try {
-      const response = await fetch(url, {
-        method, headers, credentials: "same-origin", signal: deadline.signal,
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
+      let response, text;
+      try {
+        response = await fetch(url, {
+          method, headers, credentials: "same-origin", signal: deadline.signal,
+          body: body === undefined ? undefined : JSON.stringify(body),
+        });
+        text = await response.text();
+      } catch (error) {
+        throw unanswered(error);
+      }
+      if (deadline.signal.aborted) throw unanswered(null);
       if (response.status === 204) return null;
       let payload = null;
-      try { payload = await response.json(); } catch (_) { /* an HTML error page, or the deadline */ }
-      if (deadline.signal.aborted) throw new ApiError(0, `${method} ${url} had no answer within ${timeoutMs / 1000} s`);
+      try { payload = JSON.parse(text); } catch (_) { /* an HTML error page, or a login page */ }
       if (!response.ok) {
         const detail = (payload && payload.detail) || `${method} ${url} answered ${response.status}`;
         throw new ApiError(response.status, detail);
       }
-      return payload;
-    } catch (error) {
-      if (deadline.signal.aborted && !(error instanceof ApiError)) {
-        throw new ApiError(0, `${method} ${url} had no answer within ${timeoutMs / 1000} s`);
+      if (payload === null) {
+        // A proxy's page or the login form, answered 200 where JSON was asked for.
+        throw new ApiError(response.status, `${method} ${url} answered ${response.status} without JSON`);
       }
-      throw error;
+      return payload;
     } finally {
       clearTimeout(timer);
     }
@@ -117,10 +130,15 @@
 
   const PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
+  // Plotly reads a trace's name as HTML of its own (<b>, <br>, and <a href> as a link that opens
+  // a new tab): a job named '<a href="https://…">…</a>' put that link in the legend of every
+  // viewer's comparison chart, and "R&D <team>" lost its "<team>". Names go in escaped, and
+  // Plotly shows them as they were typed; the exports undo the escape.
   function draw(id, traces, chartLayout) {
     const node = document.getElementById(id);
     if (!node) return;
-    Plotly.react(node, traces, chartLayout, PLOT_CONFIG);
+    const named = traces.map((t) => (t.name === undefined ? t : { ...t, name: plotlyText(t.name) }));
+    Plotly.react(node, named, chartLayout, PLOT_CONFIG);
     node.dataset.points = String(traces.reduce((n, t) => n + ((t.x && t.x.length) || 0), 0));
   }
 
@@ -152,7 +170,7 @@
     const rows = [];
     for (const trace of (node && node.data) || []) {
       if (!trace.x || trace.meta === "decoration") continue;
-      trace.x.forEach((x, i) => rows.push({ series: trace.name || "", x, y: trace.y ? trace.y[i] : null }));
+      trace.x.forEach((x, i) => rows.push({ series: unescapeHtml(trace.name || ""), x, y: trace.y ? trace.y[i] : null }));
     }
     return rows;
   }
@@ -164,7 +182,7 @@
     return {
       title, x: axis("xaxis"), y: axis("yaxis"),
       series: ((node && node.data) || []).filter((t) => t.x && t.meta !== "decoration").map((t) => ({
-        name: t.name || "", x: t.x.map((v) => (v instanceof Date ? v.toISOString() : v)), y: t.y || [],
+        name: unescapeHtml(t.name || ""), x: t.x.map((v) => (v instanceof Date ? v.toISOString() : v)), y: t.y || [],
       })),
     };
   }
@@ -201,21 +219,49 @@
   // --- live refresh ---------------------------------------------------------------------------
   const isHidden = () => document.visibilityState === "hidden";
 
+  // A page being left (a link followed, another address typed, the tab closed): every engine
+  // ends the requests it has in flight and hands their failure to the page before it goes,
+  // Firefox and WebKit between beforeunload and pagehide, Chromium between pagehide and unload
+  // (measured 2026-11-30). Such a failure is no news to anyone: reported, it put "TypeError:
+  // NetworkError when attempting to fetch resource." in Firefox's console at every navigation
+  // made during a refresh (2 of 25 on a loaded host), which failed the phone-size test. A
+  // failure within LEAVING_MS of either event is kept quiet; a page that stays (a download
+  // link fires beforeunload too) reports the next one.
+  const LEAVING_MS = 10000;
+  let leftAt = null;
+  const markLeaving = () => { leftAt = Date.now(); };
+  window.addEventListener("beforeunload", markLeaving);
+  window.addEventListener("pagehide", markLeaving);
+  window.addEventListener("pageshow", () => { leftAt = null; });
+  const leaving = () => leftAt !== null && Date.now() - leftAt < LEAVING_MS;
+
   // Calls `tick` every `periodMs` while not paused; one call at a time, so a slow answer never
   // piles requests up. The Pause button and a hidden tab both stop it. While refreshes fail (the
   // control plane restarts, the network is away) the wait doubles after each failure, up to
-  // `maxBackoffMs`, and the status says since when; the first refresh that succeeds resumes the
-  // period, and the browser coming back online tries at once.
+  // `maxBackoffMs`; the page says it is reconnecting and how old its data is, and a retry first
+  // asks `probe` (one small request) whether the control plane answers again, rather than
+  // sending a whole refresh's requests into a server that is away (each one a line in
+  // Chromium's console). The first refresh that succeeds resumes the period, and the browser
+  // coming back online tries at once. A control plane that cannot be reached, or answers with
+  // an error, is shown on the page and told in the console once, as a warning; an error of the
+  // page's own (a bug in drawing an answer) is a console error, once a run of failures.
   class Live {
-    constructor(tick, periodMs, { maxBackoffMs = 15000 } = {}) {
+    constructor(tick, periodMs, { maxBackoffMs = 15000, probe = () => api("/healthz"), gone = null } = {}) {
       this.tick = tick;
+      // gone(error): what to say when the error means the page's subject was deleted (a 404),
+      // or null; the page then stops refreshing instead of retrying for as long as it is open.
+      this.gone = gone;
+      this.ended = null;
       this.periodMs = periodMs;
       this.maxBackoffMs = maxBackoffMs;
+      this.probe = probe;
       this.paused = false;
       this.running = false;
       this.timer = null;
       this.failures = 0;
       this.failingSince = null;
+      this.refreshedAt = null;
+      this.lastError = null;
       this.again = false;
       this.root = document.querySelector("[data-live]");
       this.status = this.root && this.root.querySelector("[data-live-status]");
@@ -224,6 +270,8 @@
       // Shown again, a page refreshes at once, unless a person paused it.
       document.addEventListener("visibilitychange", () => { if (!isHidden() && !this.paused) this.now(); });
       window.addEventListener("online", () => { if (!isHidden() && !this.paused) this.now(); });
+      // Back from the browser's back-forward cache: its data is as old as the visit.
+      window.addEventListener("pageshow", (event) => { if (event.persisted && !this.paused) this.now(); });
     }
     setPaused(paused) {
       this.paused = paused;
@@ -232,7 +280,8 @@
         this.toggle.setAttribute("aria-pressed", String(paused));
       }
       if (this.root) this.root.classList.toggle("paused", paused);
-      if (this.status) this.status.textContent = paused ? "Paused" : "Live";
+      if (paused) clearTimeout(this.timer);
+      this.showStatus();
       if (!paused) this.now();
     }
     // The wait before the next refresh: the period, or the backoff after failures.
@@ -240,7 +289,53 @@
       if (!this.failures) return this.periodMs;
       return Math.min(Math.max(this.maxBackoffMs, this.periodMs), this.periodMs * 2 ** this.failures);
     }
+    showStatus(error) {
+      if (!this.status) return;
+      const failing = this.failures > 0;
+      if (this.root) this.root.classList.toggle("failing", failing);
+      document.body.classList.toggle("stale", failing);
+      if (this.paused) {
+        this.status.textContent = "Paused";
+      } else if (!failing) {
+        this.status.textContent = this.refreshedAt ? `Live · ${fmt.time(this.refreshedAt)}` : "Live";
+        this.status.removeAttribute("title");
+      } else {
+        // Paused and resumed while failing, the page says again what it said.
+        const shown = error || this.lastError;
+        const data = this.refreshedAt ? `data from ${fmt.time(this.refreshedAt)}` : "no data yet";
+        const unreachable = shown instanceof ApiError && shown.status === 0;
+        // No answer at all says little more than "Reconnecting"; an answer's detail is news.
+        const reason = shown && !unreachable ? `: ${shown.message}` : "";
+        this.status.textContent = `${unreachable ? "Reconnecting" : "Refresh failed"} since ${fmt.time(this.failingSince)}, `
+          + `retrying in ${Math.round(this.delayMs() / 1000)} s · ${data}${reason}`;
+        if (shown) this.status.title = shown.message;
+      }
+    }
+    // No more refreshes: the page says why (and offers `link`, an element, after it).
+    end(message, link) {
+      this.ended = message;
+      clearTimeout(this.timer);
+      if (this.root) this.root.classList.add("failing", "ended");
+      if (this.toggle) this.toggle.disabled = true;
+      if (this.status) {
+        this.status.replaceChildren(...(link ? [`${message} `, link] : [message]));
+        this.status.removeAttribute("title");
+      }
+      document.body.classList.add("stale");
+    }
+    // Logged out (the session expired, or ended in another tab): every request would answer
+    // 401 until the person logs in again, so the page stops asking and links to the login,
+    // which brings the person back here. It used to retry every 15 s for as long as it was open,
+    // saying "Refresh failed ...: Authentication credentials were not provided."
+    loggedOut() {
+      const link = document.createElement("a");
+      link.href = `/accounts/login/?next=${encodeURIComponent(location.pathname + location.search + location.hash)}`;
+      link.textContent = "Log in again";
+      link.dataset.login = "";
+      this.end(`Logged out at ${fmt.time(Date.now() / 1000)}; the figures are the last ones shown.`, link);
+    }
     async now() {
+      if (this.ended) return;
       // Asked while a refresh runs (the browser back online, a form sent), one more runs as soon
       // as it ends: never two at once, and never more than one waiting.
       if (this.running) { this.again = true; return; }
@@ -248,26 +343,39 @@
       clearTimeout(this.timer);
       this.running = true;
       try {
+        if (this.failures && this.probe) await this.probe();
         await this.tick();
+        if (this.failures && !leaving()) {
+          console.info(`live refresh works again after ${this.failures} failed, since ${fmt.time(this.failingSince)}`);
+        }
         this.failures = 0;
         this.failingSince = null;
-        if (this.root) this.root.classList.remove("failing");
-        if (this.status && !this.paused) this.status.textContent = `Live · ${fmt.time(Date.now() / 1000)}`;
+        this.lastError = null;
+        this.refreshedAt = Date.now() / 1000;
+        this.showStatus();
       } catch (error) {
         this.failures += 1;
+        this.lastError = error;
         if (this.failingSince === null) this.failingSince = Date.now() / 1000;
-        // One line in the console when refreshes start failing, not one a second for hours.
-        if (this.failures === 1) console.error(error);
-        else console.warn(`refresh failed (${this.failures} in a row): ${error.message}`);
-        if (this.root) this.root.classList.add("failing");
-        if (this.status) {
-          this.status.textContent = `Refresh failed since ${fmt.time(this.failingSince)}, retrying in `
-            + `${Math.round(this.delayMs() / 1000)} s: ${error.message}`;
+        const gone = !leaving() && error instanceof ApiError && this.gone && this.gone(error);
+        if (!leaving() && error instanceof ApiError && (error.status === 401 || error.status === 403)) {
+          console.warn(`live refresh stopped: ${error.message}`);
+          this.loggedOut();
+        } else if (gone) {
+          console.warn(`live refresh stopped: ${error.message}`);
+          this.end(gone);
+        } else if (!leaving()) {
+          // One line in the console a run of failures, not one a retry for hours.
+          if (this.failures === 1) {
+            if (error instanceof ApiError) console.warn(`live refresh failed, retrying with a backoff: ${error.message}`);
+            else console.error(error);
+          }
+          this.showStatus(error);
         }
       } finally {
         this.running = false;
         // A hidden page schedules nothing: visibilitychange starts it again when it is shown.
-        if (!this.paused) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.again ? 0 : this.delayMs());
+        if (!this.paused && !this.ended) this.timer = setTimeout(() => { if (!isHidden() && !this.paused) this.now(); }, this.again ? 0 : this.delayMs());
       }
     }
   }
@@ -315,10 +423,21 @@
     container.replaceChildren(...items);
   }
 
+  const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const CHARACTERS = Object.fromEntries(Object.entries(ENTITIES).map(([c, e]) => [e, c]));
   function escapeHtml(s) {
-    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+    return String(s).replace(/[&<>"']/g, (c) => ENTITIES[c]);
+  }
+  // Text for Plotly, which reads <b>, <br>, <a href> and a few more as HTML of its own, and
+  // decodes &amp; &lt; &gt; but not &quot;: with no '<' left, no tag can form.
+  function plotlyText(s) {
+    return String(s).replace(/[&<>]/g, (c) => ENTITIES[c]);
+  }
+  // The text escapeHtml or plotlyText was given back (a chart's series name, for its export).
+  function unescapeHtml(s) {
+    return String(s).replace(/&(?:amp|lt|gt|quot|#39);/g, (e) => CHARACTERS[e]);
   }
 
   // requestTimeoutMs: each request's deadline; a test may shorten it.
-  window.InTune = { requestTimeoutMs: 20000, PALETTE, config, api, all, ApiError, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows };
+  window.InTune = { requestTimeoutMs: 20000, PALETTE, config, api, all, ApiError, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows, plotlyText, unescapeHtml };
 })();

@@ -35,8 +35,23 @@
     if (cls !== undefined) cell.className = cls;
   }
 
+  // A job deleted since the page loaded: its row kept its last figures, "running", for as long
+  // as the page stayed open. It now says "deleted", its figures and sparkline emptied.
+  function markDeleted(row) {
+    if (row.dataset.deleted) return;
+    row.dataset.deleted = "true";
+    row.querySelector('[data-field="status"]').innerHTML = '<span class="badge muted">deleted</span>';
+    for (const field of ["hosts", "throughput", "idle", "tuning"]) setCell(row, field, "–");
+    const spark = row.querySelector(".sparkline");
+    if (spark) { Plotly.purge(spark); spark.dataset.points = "0"; }
+  }
+
   async function tick() {
     const [summary, alerts] = await all([api("/dashboard/api/jobs/"), api("/dashboard/api/alerts/")]);
+    const listed = new Set(summary.jobs.map((job) => String(job.id)));
+    for (const row of document.querySelectorAll("tr[data-job-id]")) {
+      if (!listed.has(row.dataset.jobId)) markDeleted(row);
+    }
     for (const job of summary.jobs) {
       const row = document.querySelector(`tr[data-job-id="${job.id}"]`);
       if (!row) continue; // a job created since the page loaded shows on the next visit

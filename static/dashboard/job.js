@@ -4,7 +4,7 @@
 // 24 h range costs one large query and then small ones; Plotly's uirevision keeps the zoom.
 (function () {
   "use strict";
-  const { api, all, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, config, PALETTE } = window.InTune;
+  const { api, all, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, plotlyText, registerTableExport, config, PALETTE } = window.InTune;
   const settings = config();
   const job = settings.job;
   const stageNames = settings.stages;
@@ -50,11 +50,14 @@
       state.step = data.step;
       return data;
     }
-    const ts = state.metrics.series.ts;
+    // Taken before the request: a host picked or a range chosen while it is out sets
+    // state.metrics to null ("Cannot read properties of null (reading 'series')" in the console,
+    // the refresh failed); the tick then drops this answer.
+    const merged = state.metrics;
+    const ts = merged.series.ts;
     const last = ts.length ? ts[ts.length - 1] : keepFrom;
     const cutFrom = Math.max(keepFrom, Math.floor(last / state.step) * state.step);
     const data = await api(`${base}?since=${cutFrom.toFixed(3)}&${untilParam}&step=${state.step}`);
-    const merged = state.metrics;
     mergeInto(merged.series, data.series, cutFrom, keepFrom);
     for (const [name, series] of Object.entries(data.stages)) {
       if (!merged.stages[name]) merged.stages[name] = emptySeries(Object.keys(series));
@@ -88,7 +91,7 @@
     } else {
       const reason = (twin && twin.reason) || "no twin fitted for this host yet";
       note = `No estimate of the best this host allows: ${reason}.`;
-      extra.annotations = [{ text: `No twin estimate: ${reason}`, xref: "paper", yref: "paper", x: 1, y: 1.02,
+      extra.annotations = [{ text: `No twin estimate: ${plotlyText(reason)}`, xref: "paper", yref: "paper", x: 1, y: 1.02,
         xanchor: "right", yanchor: "bottom", showarrow: false, font: { size: 11, color: "#6b7280" } }];
     }
     draw("chart-throughput", traces, layout("End-to-end throughput against the twin's best", { y: "samples/s", uirevision: revision(), extra }));
@@ -201,7 +204,9 @@
       traces.push({
         x: toDates(mine.map((a) => a.created_at)), y: mine.map((a) => Object.values(a.workers).reduce((p, q) => p + q, 0)),
         name: style.label, mode: "markers", marker: { symbol: style.symbol, size: 11, color: style.color, line: { color: "#fff", width: 1.5 } },
-        text: mine.map((a) => `v${a.version} ${a.source}${a.created_by ? " by " + a.created_by : ""} · ${a.status}${a.refusal_reason ? ": " + a.refusal_reason : ""}<br>${fmt.workers(a.workers)}`),
+        // Plotly reads the text as HTML: the person's name and the agent's reason are escaped.
+        text: mine.map((a) => `v${a.version} ${a.source}${a.created_by ? " by " + plotlyText(a.created_by) : ""} · ${a.status}`
+          + `${a.refusal_reason ? ": " + plotlyText(a.refusal_reason) : ""}<br>${plotlyText(fmt.workers(a.workers))}`),
         hovertemplate: "%{text}<extra></extra>",
       });
     }
@@ -576,8 +581,15 @@
       });
     }
     $("range-select").addEventListener("change", (e) => { state.rangeS = Number(e.target.value); state.metrics = null; live.now(); });
-    for (const button of document.querySelectorAll(".host-select")) {
-      button.addEventListener("click", () => selectHost(Number(button.dataset.hostId)));
+    // The host's button picks it from the keyboard; a click anywhere on its row does too. The
+    // row itself was a tab stop that did nothing (one per host: 500 on a job of 500 hosts) and
+    // its aria-label hid its cells from screen readers.
+    const hostsTable = $("hosts-table");
+    if (hostsTable) {
+      hostsTable.addEventListener("click", (event) => {
+        const row = event.target.closest("tr[data-host-id]");
+        if (row) selectHost(Number(row.dataset.hostId));
+      });
     }
   }
 
@@ -594,6 +606,7 @@
   // --- the refresh ----------------------------------------------------------------------------
   async function tick() {
     const hostId = state.hostId;
+    const rangeS = state.rangeS;
     const slow = state.ticks % 2 === 0; // decisions, sessions and the audit trail every other tick
     state.ticks += 1;
     const since = Date.now() / 1000 - state.rangeS;
@@ -608,7 +621,8 @@
       requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/?host=${hostId}`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
     }
     const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await all(requests);
-    if (hostId !== state.hostId) return; // the person picked another host meanwhile
+    // The person picked another host or range meanwhile: the next refresh, asked for then, shows it.
+    if (hostId !== state.hostId || rangeS !== state.rangeS) return;
     state.metrics = metrics;
     state.overview = overview;
     state.allocations = allocations.allocations;
@@ -635,8 +649,18 @@
     document.body.dataset.refreshedAt = String(Date.now());
   }
 
-  if (!settings.hosts.length) return;
-  const live = new Live(tick, settings.refreshMs || 1000);
+  if (!settings.hosts.length) {
+    // Nothing to refresh until an agent registers a host: the page says so, not "Live".
+    const status = document.querySelector("[data-live-status]");
+    const toggle = document.querySelector("[data-live-toggle]");
+    if (status) status.textContent = "No hosts yet: reload once an agent has registered";
+    if (toggle) toggle.disabled = true;
+    return;
+  }
+  // Every request of the page is about this job or one of its hosts: a 404 means it was deleted.
+  const live = new Live(tick, settings.refreshMs || 1000, {
+    gone: (error) => (error.status === 404 ? "Deleted: this job or host no longer exists; the figures are the last ones shown." : null),
+  });
   window.live = live;
   const fromHash = Number((location.hash.match(/^#host-(\d+)$/) || [])[1]);
   selectHost(fromHash || settings.hosts[0].id);

@@ -63,7 +63,13 @@ class Driver:
         raise NotImplementedError
 
     def console_errors(self) -> list[str]:
-        """The errors the page reported since it was loaded."""
+        """The errors the page reported since it was loaded, and those the page before it
+        reported as it was left (in WebKit, those it reported once its scripts had run)."""
+        raise NotImplementedError
+
+    def clear_console_errors(self) -> None:
+        """Forget the errors so far: a test that made the page fail on purpose, and checked them,
+        leaves the page to the next test without them."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -212,6 +212,9 @@ class FirefoxDriver(Driver):
             if e["method"] == "log.entryAdded" and e["params"].get("level") == "error"
         ]
 
+    def clear_console_errors(self):
+        self._errors_from = len(self._bidi.events)
+
     def close(self):
         try:
             if self._bidi is not None:

@@ -21,16 +21,36 @@ from tests.support.ports import free_port
 WEBKIT_DRIVER = "/usr/bin/WebKitWebDriver"
 XVFB = "/usr/bin/Xvfb"
 # Collects what the page reports as an error (for the engine whose protocol has no log events):
-# uncaught errors, rejected promises and console.error.
+# uncaught errors, rejected promises and console.error. Kept in the tab's sessionStorage as well,
+# so that what a page reports as it is left (a request in flight failing at the navigation)
+# is read on the next page, as Firefox's log events and Playwright's console events are.
+_ERRORS_KEY = "__intuneErrors"
 _ERROR_COLLECTOR = """(() => {
   if (window.__intuneErrors) return true;
   const errors = window.__intuneErrors = [];
-  window.addEventListener("error", (e) => errors.push(String(e.message || e)));
-  window.addEventListener("unhandledrejection", (e) => errors.push(`unhandled rejection: ${e.reason}`));
+  const keep = (text) => {
+    errors.push(text);
+    try {
+      const kept = JSON.parse(sessionStorage.getItem("KEY") || "[]");
+      sessionStorage.setItem("KEY", JSON.stringify([...kept, text]));
+    } catch (_) { /* no storage here (about:blank): window.__intuneErrors has it */ }
+  };
+  window.addEventListener("error", (e) => keep(String(e.message || e)));
+  window.addEventListener("unhandledrejection", (e) => keep(`unhandled rejection: ${e.reason}`));
   const original = console.error;
-  console.error = (...args) => { errors.push(args.map(String).join(" ")); original.apply(console, args); };
+  console.error = (...args) => { keep(args.map(String).join(" ")); original.apply(console, args); };
   return true;
-})()"""
+})()""".replace("KEY", _ERRORS_KEY)
+_READ_ERRORS = f"""(() => {{
+  try {{ const kept = sessionStorage.getItem("{_ERRORS_KEY}"); if (kept !== null) return JSON.parse(kept); }}
+  catch (_) {{ /* no storage here */ }}
+  return window.__intuneErrors || [];
+}})()"""
+_FORGET_ERRORS = f"""(() => {{
+  try {{ sessionStorage.removeItem("{_ERRORS_KEY}"); }} catch (_) {{ /* no storage here */ }}
+  if (window.__intuneErrors) window.__intuneErrors.length = 0;
+  return true;
+}})()"""
 
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
@@ -124,6 +144,7 @@ class WebKitDriver(Driver):
         return value
 
     def goto(self, url):
+        self.clear_console_errors()  # what the page left reports from here on is counted
         self._request("POST", f"{self._session}/url", {"url": url})
         self.evaluate(_ERROR_COLLECTOR)
 
@@ -166,8 +187,12 @@ class WebKitDriver(Driver):
     def console_errors(self):
         # Classic WebDriver has no command to read the console (and MiniBrowser's
         # --enable-write-console-messages-to-stdout does not reach a page the driver opens):
-        # what the page reports is collected from its load event on.
-        return self.evaluate("window.__intuneErrors || []")
+        # what the page reports is collected from its load event on, and what the page before it
+        # reported as it was left.
+        return self.evaluate(_READ_ERRORS)
+
+    def clear_console_errors(self):
+        self.evaluate(_FORGET_ERRORS)
 
     def close(self):
         try:
