@@ -570,28 +570,35 @@ async def duplicates(keys, client, reader, writer, found: Findings, bound: float
 
 
 async def many_polls(keys: Keys, client: dict, found: Findings) -> None:
-    """``count`` long-polls held on their own connections, then all dropped (or half-closed)
-    together; a half-closed one is answered at once."""
+    """``count`` x 8 long-polls held on their own connections, then all dropped (or
+    half-closed) together; a half-closed one is answered at once. With ``after_cut`` "stall"
+    the connections send nothing at all: the server closes each within its keep-alive bound."""
     plane = keys.plane
     conns = []
-    for _ in range(client["count"]):
+    for _ in range(client["count"] * 8):
         try:
             conns.append(await connect(plane))
         except (OSError, TimeoutError) as exc:
             found.append(f"polls: cannot connect: {exc!r}")
             break
-    path = plane.allocation_path(10**6, max(1, client["wait"]))
-    data = encode("GET", path, plane.host, [("Authorization", f"Agent {plane.token}")], b"")
-    for _, writer in conns:
-        await send(writer, data)
-    await asyncio.sleep(client["pause_s"] * 5)
     try:
+        if client["after_cut"] == "stall":
+            bound = SERVER_TIMEOUT_S + BOUND_S
+            closed = await asyncio.gather(*(closed_within(r, bound) for r, _ in conns))
+            if not all(closed):
+                found.append(
+                    f"polls: {closed.count(False)} of {len(conns)} idle connections open "
+                    f"past {bound:g} s"
+                )
+            return
+        path = plane.allocation_path(10**6, max(1, client["wait"]))
+        data = encode("GET", path, plane.host, [("Authorization", f"Agent {plane.token}")], b"")
+        for _, writer in conns:
+            await send(writer, data)
+        await asyncio.sleep(client["pause_s"] * 5)
         if client["ending"] == "half-close":
             for _, writer in conns:
-                try:
-                    half_close(writer)
-                except OSError:
-                    pass
+                half_close(writer)
             results = await asyncio.gather(
                 *(answers_then(found, "polls/half-close", r, 1, "GET", BOUND_S) for r, _ in conns)
             )
