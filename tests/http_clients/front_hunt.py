@@ -72,7 +72,7 @@ KINDS = [
     "cut", "slow", "expect", "chunked", "gzip", "http10", "pipelined", "oversized",
     "wrong-headers", "duplicates", "json", "polls", "noread",
 ]  # fmt: skip
-TARGETS = ["metrics", "allocation", "jobs", "override", "schema", "token", "login"]
+TARGETS = ["metrics", "allocation", "jobs", "override", "schema", "token", "job-list"]
 ODD_JSON = [
     "nan", "inf", "huge-float", "huge-int", "neg-zero", "unicode-name", "lone-surrogate",
     "deep-array", "deep-object", "long-string", "bom", "utf16", "dup-key", "number-string",
@@ -209,7 +209,7 @@ def target_request(keys: Keys, client: dict, rng: random.Random) -> tuple[str, s
     if target == "token":
         creds = {"username": keys.session["username"], "password": keys.session["password"]}
         return "POST", "/api/v1/auth/token/", ctype, json.dumps(creds).encode()
-    return "GET", "/api/v1/jobs/", people, b""  # "login": a signed-in person's read
+    return "GET", "/api/v1/jobs/", people, b""  # "job-list": a person's read
 
 
 def encode(
@@ -623,7 +623,7 @@ async def never_reads(keys: Keys, client: dict, found: Findings) -> None:
     agent = [("Authorization", f"Agent {plane.token}")]
     one = (
         encode("GET", "/api/schema/", plane.host, people, b"")
-        if client["target"] in ("schema", "jobs", "override", "login", "token")
+        if client["target"] in ("schema", "jobs", "override", "job-list", "token")
         else encode("GET", plane.allocation_path(0, 0), plane.host, agent, b"")
     )
     try:
