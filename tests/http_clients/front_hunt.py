@@ -78,6 +78,23 @@ ODD_JSON = [
     "deep-array", "deep-object", "long-string", "bom", "utf16", "dup-key", "number-string",
 ]  # fmt: skip
 
+# Header fields added to a bad client's requests (drawn per client, for about a third of them).
+ODD_HEADERS = {
+    "second-authorization": [("Authorization", "Agent ia_\xe9\xff")],
+    "cookie-junk": [("Cookie", "a=\x01; ;;=; sessionid=\xe9; csrftoken=")],
+    "accept-junk": [("Accept", "application/json;q=NaN, */*;q=1e999, text/\xe9")],
+    "forwarded-junk": [("X-Forwarded-For", "\xe9, ::zz"), ("Forwarded", 'for="[::1"')],
+    "connection-close": [("Connection", "close")],
+    "keep-alive": [("Connection", "keep-alive"), ("Keep-Alive", "timeout=999999")],
+    "many-fields": [(f"X-N{i}", "v") for i in range(90)],
+    "te-identity": [("Transfer-Encoding", "identity")],
+    "second-content-type": [("Content-Type", "text/plain")],
+    "conditional": [("Range", "bytes=0-10"), ("If-None-Match", "*"), ("If-Match", "x")],
+    "upgrade": [("Connection", "Upgrade"), ("Upgrade", "websocket")],
+    "underscores": [("X_Forwarded_Proto", "https"), ("Content_Type", "text/plain")],
+    "second-host": [("Host", "evil.example")],
+}
+
 _seq = itertools.count(int(time.time() * 1000))
 
 
@@ -108,12 +125,17 @@ def generate(rng: random.Random) -> dict:
             }
         )
     restart = rng.choices([None, "worker", "master"], weights=[8, 1, 1])[0]
-    return {
+    case = {
         "clients": clients,
         "restart": restart,
         "restart_at_s": round(rng.uniform(0.3, 2.0), 2),
         "canary_samples": rng.randint(1, 5),
     }
+    # Drawn last, so that a seed's earlier draws (and the replays') stay what they were.
+    for client in clients:
+        odd = rng.choice(sorted(ODD_HEADERS)) if rng.random() < 0.3 else None
+        client["odd_header"] = odd
+    return case
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -184,7 +206,7 @@ def job_body(rng: random.Random) -> dict:
 def target_request(keys: Keys, client: dict, rng: random.Random) -> tuple[str, str, list, bytes]:
     """(method, path, headers, body) of a well-formed request to the client's target, before
     the client's own mischief."""
-    plane, target, auth = keys.plane, client["target"], client["auth"]
+    plane, auth = keys.plane, client["auth"]
     people = []
     if auth == "token":
         people = [("Authorization", f"Token {plane.operator}")]
@@ -192,6 +214,13 @@ def target_request(keys: Keys, client: dict, rng: random.Random) -> tuple[str, s
         people = [("Cookie", keys.session["cookie"]), ("X-CSRFToken", keys.session["csrf"])]
     agent = [("Authorization", f"Agent {plane.token}")]
     ctype = [("Content-Type", "application/json")]
+    method, path, headers, body = _target_request(keys, client, rng, people, agent, ctype)
+    return method, path, headers + ODD_HEADERS.get(client.get("odd_header"), []), body
+
+
+def _target_request(keys: Keys, client: dict, rng: random.Random, people, agent, ctype):
+    """target_request's request before the client's odd header fields."""
+    plane, target = keys.plane, client["target"]
     if target == "metrics":
         body = json.dumps({"samples": [sample(next(_seq)) for _ in range(rng.randint(0, 3))]})
         return "POST", plane.metrics_path(), agent + ctype, body.encode()
