@@ -30,11 +30,25 @@ It also makes uvicorn's connection handling hold for clients other than ours (do
   body included (httptools skipped it).
 - A chunked body's trailer fields are dropped (uvicorn appended them to the request's headers)
   and bounded as a head is (tests/http_clients/test_bodies_as_any_client_sends_them.py).
+
+And the worker goes with its master: killed with SIGKILL (a supervisor's hard stop, the OOM
+killer), gunicorn's master can no longer stop its workers, and uvicorn's worker, unlike
+gunicorn's own, never looks whether its parent is still there. It served on, orphaned, for
+ever, holding the listening socket: the master a supervisor then started could not bind the
+port while the orphan answered with no master to replace it when it failed
+(tests/http_clients/test_a_web_worker_goes_with_its_killed_master.py; the front hunter's
+``kill -9`` of the master, seed 219). The worker now asks the kernel for SIGTERM when its
+parent dies, and stops as gunicorn's SIGTERM stops it (held long-polls answered at once,
+requests in progress finished) within the master's ``graceful_timeout``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
+import signal
+import sys
 from typing import Any
 
 import httptools
@@ -83,6 +97,7 @@ IGNORED_UPGRADE = b"\r\nx-ignored-upgrade:"
 # How long the connection then stays open for the client to read that (what it sends meanwhile
 # is discarded: closing with it unread would reset the connection before the client read it).
 H2_LINGER_S = 2.0
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 def seconds_setting(name: str, default: float) -> float:
@@ -455,3 +470,18 @@ class BoundedUvicornWorker(UvicornWorker):
         )
         self.config.http = protocol
         self.config.http_protocol_class = protocol
+        # No master is left to SIGKILL an orphan that takes too long to stop: uvicorn bounds it.
+        self.config.timeout_graceful_shutdown = self.cfg.graceful_timeout
+
+    def init_process(self) -> None:
+        """In the worker, once forked: SIGTERM when the master dies, whatever kills it (see the
+        module's docstring). A master that died before this call is noticed here."""
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass  # not Linux: gunicorn's master stops its workers as before
+        if os.getppid() != self.ppid:
+            self.log.warning("the master (pid %s) is gone: worker %s exits", self.ppid, self.pid)
+            sys.exit(0)
+        super().init_process()
