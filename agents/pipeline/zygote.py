@@ -443,6 +443,7 @@ def _launcher(
     if prefix is not None:
         os.environ[MARK] = prefix  # inherited by every process under it (see end_marked)
     _adopt_orphans()
+    _give_back_free_heap()
     children: dict[int, tuple[int, int]] = {}  # pid -> where its exit status goes
     orphaned = False
     try:
@@ -562,6 +563,23 @@ def _adopt_orphans() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _give_back_free_heap() -> None:
+    """Give the kernel back the heap memory the training process had freed but kept
+    (glibc's ``malloc_trim(0)``), before any worker is forked from the launcher.
+
+    A long-running training process's heap holds freed blocks, resident and mapped. A worker
+    forked with them mapped reuses them for its own allocations: copies on write of pages it
+    already maps, which its resident set does not show, so its memory read as its own stayed at
+    0 MB however much it allocated (``agents.pipeline.Pipeline._inherited_rss``; 8 MB a worker
+    unseen in a pytest process, whose heap had such holes). Given back, those pages are new
+    ones in the worker, and counted; the launcher and every worker also hold less. Python's own
+    small-object arenas are not glibc's to trim."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
         pass
 
 
