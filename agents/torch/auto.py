@@ -448,12 +448,26 @@ class _Tuned:
 
 
 def _batches(loader: DataLoader) -> float:
+    """The loader's batches, asked without a trace: torch's ``len()`` of a loader of an
+    ``IterableDataset`` records the length it gave, and warns at every batch past it from then
+    on (its NOTE [ IterableDataset and __len__ ]). Asked by intune-run's choice of the loader
+    to tune, it made a script that never asked warn (torch's own test of that warning failed
+    on the loader intune-run observes); the record is put back as it was."""
+    before = vars(loader).get("_IterableDataset_len_called", _UNSET)
     try:
         return float(len(loader))
     # An IterableDataset without __len__ (a stream: the training set), or a batch sampler whose
     # __len__ raises (NotImplementedError: it raised into the training loop): the largest.
     except Exception:  # noqa: BLE001
         return math.inf
+    finally:
+        if before is _UNSET:
+            vars(loader).pop("_IterableDataset_len_called", None)
+        else:
+            vars(loader)["_IterableDataset_len_called"] = before  # past torch's __setattr__
+
+
+_UNSET = object()
 
 
 _tuned = _Tuned()
