@@ -176,6 +176,35 @@ class CollateHere:
     samples: Any
 
 
+@dataclass(frozen=True)
+class FetchHere:
+    """The payload in place of a batch whose samples are in autograd (a tensor that
+    ``requires_grad``: rows of an ``nn.Parameter`` the dataset holds), from a loader with
+    ``num_workers=0``: the batch's indices, for the training process to fetch and collate
+    them, as torch's single-process loader does. Pickled, such a tensor came as a new leaf
+    without its graph, and ``backward()`` never reached the dataset's parameters. The
+    worker's own fetch is dropped, so the dataset is read twice for such a batch."""
+
+    indices: Any
+
+
+def in_autograd(obj: Any, depth: int = 0) -> bool:
+    """Whether a tensor that ``requires_grad`` is anywhere in ``obj`` (containers, and a
+    plain object's fields): its graph and its identity stay in the process that made it."""
+    if isinstance(obj, torch.Tensor):
+        return obj.requires_grad
+    if depth > 32 or obj is None or isinstance(obj, str | bytes | int | float | complex):
+        return False
+    if isinstance(obj, list | tuple):
+        return any(in_autograd(v, depth + 1) for v in obj)
+    if isinstance(obj, dict):
+        return any(in_autograd(v, depth + 1) for v in obj.values())
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict) and not isinstance(obj, type):
+        return any(in_autograd(v, depth + 1) for v in state.values())
+    return False
+
+
 def sendable(obj: Any, depth: int = 0) -> bool:
     """Whether ``obj`` can be pickled to the next stage, told without pickling the tensors,
     arrays and containers a batch is made of: only an object of another kind is pickled to
@@ -563,11 +592,16 @@ class Step:
     # The collate step of a loader with num_workers=0: a batch that cannot leave the worker
     # goes back as its samples, collated by the training process as torch does (CollateHere).
     collates_here: bool = False
+    # The fetch step of a map-style loader with num_workers=0: a batch whose samples are in
+    # autograd goes back as its indices, fetched by the training process (FetchHere).
+    fetches_here: bool = False
 
     def __call__(self, item: Item) -> Item:
         """Apply the step to one item."""
         epoch, samples, payload, seed = item
-        if isinstance(payload, EpochEnd | SamplerFailed | Skipped | BatchFailed | CollateHere):
+        if isinstance(
+            payload, EpochEnd | SamplerFailed | Skipped | BatchFailed | CollateHere | FetchHere
+        ):
             return item
         given = payload
         try:
@@ -582,7 +616,14 @@ class Step:
             if not self.name:
                 raise
             return epoch, 0, BatchFailed.of(self.name, exc), seed
-        if self.collates_here and not sendable(payload) and sendable(given):
+        if self.fetches_here and in_autograd(payload):
+            return epoch, samples, FetchHere(given), seed
+        if (
+            self.collates_here
+            and (not sendable(payload) or in_autograd(payload))
+            and sendable(given)
+            and not in_autograd(given)
+        ):
             return epoch, samples, CollateHere(given), seed
         return epoch, samples, payload, seed
 
