@@ -52,6 +52,7 @@ from agents.torch.steps import (
     CollateHere,
     EpochEnd,
     Fetch,
+    FetchHere,
     InitWatch,
     Item,
     Read,
@@ -374,7 +375,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 )
             ]
         else:
-            fetch = Step(Fetch(self.dataset, batched), setup)
+            fetch = Step(Fetch(self.dataset, batched), setup, fetches_here=self.num_workers == 0)
             stages = [self._stage("fetch", fetch, workers, init=start)]
         # Each step's place (read or fetch 0) is folded into the batch's seed: see steps.py.
         # An IterableDataset's steps hand an error on as the batch (BatchFailed), raised at
@@ -420,6 +421,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         for _, fn in self._batch_functions():
             batch = fn(batch)
         return batch
+
+    def _fetched_here(self, indices: Any) -> Any:
+        """A ``FetchHere`` batch fetched, transformed and collated in the training process,
+        as torch's single-process loader does every batch: its tensors keep their graph."""
+        batched = self._auto_collation
+        samples = Fetch(self.dataset, batched)(indices)
+        for _, fn in self._transforms:
+            samples = [fn(sample) for sample in samples] if batched else fn(samples)
+        return self._collated_here(samples)
 
     def _fusion(self, names: list[str]) -> str | Sequence[str] | None:
         """The fusion groups: ``fuse`` as given, or for ``"auto"`` every per-sample step,
@@ -1207,9 +1217,19 @@ class _EpochIterator:
             if self._num_workers == 0 and failure.error_type in _RAISED_AS_ITSELF:
                 raise _as_itself(failure) from failure
             raise as_raised_type(failure, in_worker=self._num_workers > 0)
-        if isinstance(payload, CollateHere):
-            # A batch that could not leave the worker (num_workers=0): collated here.
-            payload = self.loader._collated_here(payload.samples)
+        if isinstance(payload, CollateHere | FetchHere):
+            # A batch that could not leave the worker (num_workers=0): collated here, or
+            # (in autograd) fetched and collated here. What that raises is the batch's
+            # error, raised as it is, as torch's single-process loader raises it.
+            try:
+                if isinstance(payload, CollateHere):
+                    payload = self.loader._collated_here(payload.samples)
+                else:
+                    payload = self.loader._fetched_here(payload.indices)
+            except BaseException:
+                self._stats.taken(0)
+                self._placed()
+                raise
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
 

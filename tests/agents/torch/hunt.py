@@ -209,6 +209,7 @@ def generate(rng: random.Random) -> dict:
         "ops": ops,
         "agent": rng.random() < 0.5,
         **_generate_more(rng, n, ops),
+        **_generate_round3(rng, ops),
     }
 
 
@@ -233,6 +234,59 @@ def _generate_more(rng: random.Random, n: int, ops: list) -> dict:
         "row_at": rng.randint(0, max(n - 1, 0)),
         "drop": rng.random() < 0.15,
     }
+
+
+def _generate_round3(rng: random.Random, ops: list) -> dict:
+    """The dimensions added on 2026-11-30, drawn after ``_generate_more`` (every earlier seed
+    keeps its case and gains these): ``prefetch_factor`` and ``pin_memory``; a second loader
+    (a validation set) read whole while the first's epoch is under way and its faults land;
+    a loop that raises mid-epoch and keeps the exception (its traceback holds the iterator)
+    into what follows; a child forked mid-epoch that collects and exits."""
+    for _ in range(rng.randint(0, 2)):
+        at = rng.randrange(len(ops) + 1)
+        kind = rng.choice(["valid", "raise_loop", "fork"])
+        ops.insert(at, [kind, rng.randint(0, 3)])
+    return {
+        "prefetch_factor": rng.choice([None, None, 1, 4]),
+        "pin_memory": rng.random() < 0.2,
+    }
+
+
+class LoopError(Exception):
+    """What the "raise_loop" op's training loop raises mid-epoch."""
+
+
+def _valid_rows(loader: DataLoader, workers: int, take) -> list[int]:
+    """A second loader of 23 rows (``workers`` workers) read whole, one ``take(1)`` of the
+    first loader between each of its batches: its rows, in order."""
+    valid = DataLoader(MapData(23, 3, -1, 0.0), batch_size=4, num_workers=workers)
+    rows: list[int] = []
+    try:
+        for batch in valid:
+            rows.extend(int(v) for v in batch[:, 0].tolist())
+            take(1)
+    finally:
+        valid.close()
+    return rows
+
+
+def _fork_child(bound_s: float = 60.0) -> int | str:
+    """A child forked mid-epoch collects and exits: its status (or "hung" past ``bound_s``)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            gc.collect()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    _signal(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "hung"
 
 
 def _worker_pids(loader: DataLoader) -> list[int]:
@@ -282,6 +336,8 @@ def run_case(case: dict, log: list) -> None:
         # loader's timeout bounds each wait on them, as torch's.
         timeout=HANG_TIMEOUT_S if case["init"] == "hangs_0" else case["timeout"],
         drop_last=case["drop_last"],
+        prefetch_factor=case.get("prefetch_factor") if case["num_workers"] else None,
+        pin_memory=case.get("pin_memory", False),
     )
     me = psutil.Process()
     iterator = None
@@ -332,6 +388,7 @@ def run_case(case: dict, log: list) -> None:
         iterator = iter(loader)
         rows.clear()
 
+    kept = None  # the "raise_loop" op's exception, kept (its traceback holds the iterator)
     agent_stop = threading.Event()
     agent_errors: list[str] = []
     agent_slowest = [0.0]
@@ -420,6 +477,22 @@ def run_case(case: dict, log: list) -> None:
                 rows.clear()
             elif kind == "sleep":
                 time.sleep(op[1])
+            elif kind == "valid":
+                got = _valid_rows(loader, op[1] % 3, take)
+                assert got == list(range(23)), f"the second loader's rows {got}"
+            elif kind == "raise_loop":
+
+                def loop(count: int) -> None:
+                    take(count)
+                    raise LoopError(count)
+
+                try:
+                    loop(op[1])
+                except LoopError as exc:
+                    kept = exc
+            elif kind == "fork":
+                status = _fork_child()
+                assert status == 0, f"a child forked mid-epoch ended {status}"
             elif kind in ("sigint_close", "sigint_iter"):
                 # Ctrl-C lands inside close() or inside iter() (an epoch's start).
                 try:
@@ -457,6 +530,7 @@ def run_case(case: dict, log: list) -> None:
         while take(50):
             pass
     finally:
+        del kept
         agent_stop.set()
         if agent_thread.is_alive():
             agent_thread.join(10)

@@ -27,6 +27,17 @@ ragged nested lists, non-contiguous, 0-d, of mixed dtypes, one tensor object for
 itself, an object, one tensor for every batch; loops that call ``iter()`` twice, ``next()``
 after the end, keep an epoch's batches through the next, change the dataset between epochs,
 run under ``torch.set_num_threads(1)`` or ``torch.no_grad()``; a live resize mid-epoch.
+
+Added 2026-11-30 (``_round3``, drawn after ``_more``, same rule): items that are dicts of
+tensors whose sizes differ by row (an empty one among them), nested tuples of numbers,
+strings and tensors, tuples of every dtype (bool, float16, bfloat16, complex64, uint8, int8),
+empty tuples and dicts, large tensors and arrays (torch's shared memory), numpy string arrays
+and ints past 64 bits (torch's collate refuses both), a number a ``worker_init_fn`` set in its
+worker's globals; an item that raises an exception its message cannot build again, or an
+``OSError`` with an errno; a ``collate_fn`` that raises ``KeyError`` on some batches, or returns
+an object holding the batch's tensors; loops that raise out of a ``for`` and keep the
+exception (its traceback holds the iterator) into the next epoch, read two loaders of the
+case in turns, or fork a child mid-epoch that collects and exits.
 """
 
 from __future__ import annotations
@@ -92,6 +103,31 @@ def make_item(i: int, kind: str):
         return torch.tensor([i], dtype=torch.int32 if i % 2 else torch.float64)
     if kind == "same":  # one tensor object, every item
         return _SHARED
+    return make_round3_item(i, kind)
+
+
+_DTYPES = (torch.bool, torch.float16, torch.bfloat16, torch.complex64, torch.uint8, torch.int8)
+WORKER_STATE: dict = {}  # what the "state" worker_init_fn sets, in its worker only
+
+
+def make_round3_item(i: int, kind: str):
+    """Item ``i`` of the kinds added on 2026-11-30 (``_round3``)."""
+    if kind == "ragged_dict":  # sizes 0, 1, 2 by row: a batch of mixed sizes cannot stack
+        return {"x": torch.arange(float(i % 3)), "name": f"r{i}", "n": i}
+    if kind == "deep_tuple":
+        return (i, (f"s{i}", (torch.tensor([i, i]), 1.5 * i)), [np.int32(i), b"b"])
+    if kind == "all_dtypes":
+        return tuple(torch.tensor([i % 2, 1], dtype=dtype) for dtype in _DTYPES)
+    if kind == "empties":
+        return ((), {}, [], torch.empty(0, dtype=torch.int64))
+    if kind == "big":  # past any inline size: each item its own shared memory
+        return {"t": torch.full((60_000,), float(i)), "a": np.full(30_000, i, dtype=np.int16)}
+    if kind == "np_strings":  # torch's collate refuses a numpy array of strings
+        return np.array([f"a{i}", "b"])
+    if kind == "bigint":  # past int64: torch.tensor() refuses it in the collate
+        return 2**70 + i
+    if kind == "state":  # 0 without workers: worker_init_fn runs in workers only
+        return torch.tensor([i, WORKER_STATE.get("x", 0)])
     raise AssertionError(kind)
 
 
@@ -103,6 +139,10 @@ def misbehave(fault: str, i: int, loader_class: str) -> None:
         raise StopIteration
     if fault == "KeyboardInterrupt":
         raise KeyboardInterrupt
+    if fault == "two_args":
+        raise TwoArgsError(i, "is bad")
+    if fault == "OSError":
+        raise OSError(2, "No such file or directory", f"/data/part-{i}")
     if fault == "fork":
         pid = os.fork()
         if pid == 0:
@@ -117,6 +157,15 @@ def misbehave(fault: str, i: int, loader_class: str) -> None:
     elif fault == "nested":
         inner = loader_of(loader_class)(list(range(4)), batch_size=2, num_workers=1)
         list(inner)
+
+
+class TwoArgsError(Exception):
+    """An error whose constructor takes two arguments: torch's worker cannot build it again
+    from a message (torch raises a RuntimeError in its place)."""
+
+    def __init__(self, row: int, why: str) -> None:
+        super().__init__(f"row {row} {why}")
+        self.row = row
 
 
 def loader_of(name: str):
@@ -183,8 +232,34 @@ def collate_shared(batch):
     return _SHARED
 
 
+class Held:
+    """What the "held" collate returns: an object of the user's holding the collated batch
+    (its tensors too), with a ``pin_memory`` of its own as torch's docs show."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+
+    def pin_memory(self):
+        return self
+
+    def __repr__(self) -> str:
+        return f"Held({canon(self.batch)!r})"
+
+
+def collate_held(batch):
+    return Held(tud.default_collate(batch))
+
+
+def collate_key_error(batch):
+    """``KeyError`` on a batch of an even size (torch's wraps its message in quotes)."""
+    if len(batch) % 2 == 0:
+        raise KeyError(f"no key for a batch of {len(batch)}")
+    return tud.default_collate(batch)
+
+
 COLLATES = {"generator": collate_generator, "identity": collate_identity,
-            "object": collate_object, "shared": collate_shared}  # fmt: skip
+            "object": collate_object, "shared": collate_shared, "held": collate_held,
+            "key_error": collate_key_error}  # fmt: skip
 
 
 class StreamItems(tud.IterableDataset):
@@ -308,11 +383,16 @@ def init_shard(worker_id: int) -> None:
     info.dataset.shard = (info.id, info.num_workers)
 
 
+def init_state(worker_id: int) -> None:
+    """State set in the worker's globals, read by the "state" items."""
+    WORKER_STATE["x"] = 1000
+
+
 INITS = {"raises": init_raises, "sleeps": init_sleeps, "threads": init_threads,
          "seed": init_seed}  # fmt: skip
 # Drawn among INITS (seeds before 2026-11-29 draw the same cases); "shard" goes with the
 # "init_shard" flavour of iterable dataset only.
-ALL_INITS = {**INITS, "shard": init_shard}
+ALL_INITS = {**INITS, "shard": init_shard, "state": init_state}
 KINDS = ["tensor", "tensor", "zero", "view", "namedtuple", "dataclass", "numpy", "string",
          "bytes", "nested"]  # fmt: skip
 NEW_KINDS = ["none", "ragged", "noncontig", "scalar", "dtypes", "same"]
@@ -388,6 +468,7 @@ def generate(rng: random.Random) -> dict:
         "ops": ops,
     }
     _more(rng, case)
+    _round3(rng, case)
     return case
 
 
@@ -440,6 +521,28 @@ def _more(rng: random.Random, case: dict) -> None:
         # An endless epoch: the loop breaks out of it (_drain's limit); no threads (their
         # limit is per thread, so the count taken differs by design).
         case["ops"] = [op for op in case["ops"] if op[0] != "threads"]
+
+
+ROUND3_KINDS = ["ragged_dict", "deep_tuple", "all_dtypes", "empties", "big", "np_strings",
+                "bigint", "state"]  # fmt: skip
+
+
+def _round3(rng: random.Random, case: dict) -> None:
+    """The dimensions added on 2026-11-30, drawn after ``_more`` (an older seed draws its
+    older case, with these on top): item kinds, faults, collates and loops (the module's
+    docstring)."""
+    if rng.random() < 0.45:
+        case["kind"] = rng.choice(ROUND3_KINDS)
+        if case["kind"] == "state" and case["init"] is None and case.get("wrap") != "init_shard":
+            case["init"] = "state"
+    if case["fault"] == "none" and rng.random() < 0.15 and case.get("wrap") != "self":
+        case["fault"] = rng.choice(["two_args", "OSError"])
+    if case.get("collate") is None and rng.random() < 0.15:
+        case["collate"] = rng.choice(["held", "key_error"])
+    for _ in range(rng.randint(0, 2)):
+        k = rng.randint(0, len(case["ops"]) - 1)
+        extra = rng.choice(["raise_in_loop", "two_loaders", "fork"])
+        case["ops"].insert(k, [extra, rng.randint(0, 4)])
 
 
 def build(case: dict, loader_class: str):

@@ -47,9 +47,11 @@ THREADS = 3
 # A slow item (parity_cases.SLOW_S, 2.5 s) outlasts 2 timeouts of 1 s, not 4; a loop left
 # after 4 in a row is left on an item that never comes.
 TIMEOUTS_IN_A_ROW = 4
-PARTIAL = ("take", "zip", "checkpoint", "twice")  # may leave an epoch early
+# May leave an epoch early.
+PARTIAL = ("take", "zip", "checkpoint", "twice", "raise_in_loop", "fork")
 # Whose outcomes are whole epochs (compared as multisets where torch's order is any).
-WHOLE = ("epoch", "threads", "after_end", "keep", "threads1", "no_grad")
+WHOLE = ("epoch", "threads", "after_end", "keep", "threads1", "no_grad", "two_loaders")
+FORK_BOUND_S = 60.0
 
 
 def _error(exc: BaseException) -> tuple:
@@ -114,6 +116,7 @@ def play(case: dict, which: str, log: list) -> list[dict]:
     records = []
     rng = random.Random(case["seed"])
     mid = None
+    raised = None  # the "raise_in_loop" op's exception, kept (its traceback holds an iterator)
     if ours and case.get("mid"):
         # A live resize once the epoch has given case["mid"][0] outcomes (each "epoch" op).
         def resize(resized=loader) -> None:
@@ -203,6 +206,20 @@ def play(case: dict, which: str, log: list) -> list[dict]:
                         iterator = None
                         collect()
                         out = _checkpoint(case, loader, which, op[1], limit)
+                    elif op[0] == "raise_in_loop":
+                        iterator = None
+                        out, raised = _raise_in_loop(loader, op[1], limit)
+                    elif op[0] == "two_loaders":
+                        iterator = None
+                        collect()
+                        out = _two_loaders(case, loader, which, limit)
+                    elif op[0] == "fork":
+                        if iterator is None:
+                            iterator = iter(loader)
+                        out = _drain(iterator, limit, op[1])
+                        if out and out[-1] == ("end",):
+                            iterator = None
+                        out.append(_fork(which, op[1]))
                 except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - iter() may raise
                     out.append(_error(exc))
                     iterator = None
@@ -213,6 +230,7 @@ def play(case: dict, which: str, log: list) -> list[dict]:
             )  # fmt: skip
     finally:
         iterator = mid = None
+        del raised  # the kept exception, and the iterator its traceback holds
         if ours:
             began = time.monotonic()
             loader.close()
@@ -236,6 +254,80 @@ def _zip(loader, which: str, pairs: int) -> list[tuple]:
         if hasattr(other, "close"):
             other.close()
     return out
+
+
+class LoopError(Exception):
+    """What the "raise_in_loop" op's training loop raises mid-epoch."""
+
+
+def _raise_in_loop(loader, taken: int, limit: int) -> tuple[list[tuple], BaseException]:
+    """A training loop that raises after ``taken`` outcomes of a new epoch; the exception is
+    kept (returned) by the caller until a later op, its traceback holding the loop's frame
+    and so its iterator, as a script that keeps ``saved = exc`` does."""
+
+    def loop() -> list[tuple]:
+        epoch = iter(loader)
+        out = _drain(epoch, limit, taken)
+        if out and out[-1] == ("end",):
+            return out
+        raise LoopError(out)
+
+    try:
+        return loop(), None
+    except LoopError as exc:
+        return exc.args[0] + [("raised",)], exc
+
+
+def _two_loaders(case: dict, loader, which: str, limit: int) -> list[tuple]:
+    """A second loader of the case alive beside the first: one ``next()`` of each in turn,
+    each a new epoch, until both end."""
+    second = build(case, which)
+    copy_offsets(loader.dataset, second.dataset)
+    out: list[tuple] = []
+    try:
+        a, b = iter(loader), iter(second)
+        ended = [False, False]
+        while not all(ended) and len(out) < 2 * limit:
+            for k, each in enumerate((a, b)):
+                if not ended[k]:
+                    got = _drain(each, limit, 1)
+                    out += [("loader", k)] + got
+                    ended[k] = not got or got[-1] == ("end",)
+        del a, b
+    finally:
+        if hasattr(second, "close"):
+            second.close()
+    return out
+
+
+def _fork(which: str, workers: int) -> tuple:
+    """A child forked mid-epoch: it collects, reads a small loader of its own (0 or 1
+    workers) and exits; its status (or "hung" past ``FORK_BOUND_S``)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            collect()
+            small = loader_of(which)(list(range(5)), batch_size=2, num_workers=workers % 2)
+            got = [b.tolist() for b in small]
+            if hasattr(small, "close"):
+                small.close()
+            code = 0 if got == [[0, 1], [2, 3], [4]] else 1
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+            code = 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + FORK_BOUND_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return ("forked", os.waitstatus_to_exitcode(status))
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return ("forked", "hung")
 
 
 def _threads(iterator, limit: int) -> list[tuple]:
