@@ -1058,6 +1058,45 @@ def test_a_job_deleted_while_its_page_is_open_is_said_to_be_gone_and_no_longer_a
 
 
 @chromium_only
+def test_a_host_deleted_while_it_is_compared_is_said_to_be_gone_and_no_longer_asked_for(
+    page, plane
+):
+    """A compared host's requests answer 404 once it is deleted (with its job): the comparison
+    said "Refresh failed ... Not found." and asked again for as long as it stayed open."""
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "dlrm-compared", "stages": [{"name": s} for s in STAGES]},
+        {"name": "trainer-compared", "cpus": 4, "memory_mb": 8192},
+    )
+    now = time.time()
+    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    set_viewport(page, LAPTOP)
+    page.goto(f"{plane['url']}/compare/?mode=hosts&a={host_id}&b={plane['host']}&metric=throughput")
+    page.wait_for(
+        "(document.getElementById('chart-compare').data || [])"
+        ".filter(t => t.x.length > 0).length === 2",
+        what="both hosts on the chart",
+    )
+    page.clear_console_errors()
+    with short_refresh_period(page):
+        with stack.client(plane["operator"]["token"]) as api:
+            assert api.delete(f"/api/v1/jobs/{job_id}/").status_code == 204
+        status = page.wait_for(
+            f"(t => t.startsWith('Deleted') && t)({LIVE_STATUS})",
+            10,
+            what="the page saying the host is gone",
+        )
+        assert "dlrm-compared / trainer-compared" in status, status
+        page.evaluate(COUNT_REQUESTS)
+        time.sleep(NO_REFRESH_S * 2)
+        assert page.evaluate("window.requests.made") == 0, "the page went on asking"
+    assert page.evaluate("document.querySelector('[data-live-toggle]').disabled")
+    assert page_errors(page) == [], page_errors(page)
+    page.clear_console_errors()  # Chromium's line for each 404, checked as the browser's
+
+
+@chromium_only
 def test_a_job_deleted_while_the_job_list_is_open_is_shown_as_deleted(page, plane):
     """The job list showed a deleted job's last figures ("running", its throughput, its
     sparkline) for as long as it stayed open: its row was simply no longer updated."""
