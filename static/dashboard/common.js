@@ -380,6 +380,84 @@
     }
   }
 
+  // One part of a page that refreshes from its own request (the job page's decisions, its alerts,
+  // its charts of measurements): a request that fails or hangs marks its part stale and leaves
+  // the others live. One endpoint answering 500 used to fail the whole refresh, and every chart
+  // of the page stopped with it. A failing part is asked again after a backoff that doubles up
+  // to the page's (live.maxBackoffMs), is told in the console once a run of failures, and says on
+  // the page since when its figures are old. It has at most one request out: a hung one is not
+  // asked again before its deadline (InTune.requestTimeoutMs) ends it.
+  class Section {
+    constructor(name, cards, { before = null } = {}) {
+      this.name = name;
+      this.cards = cards.filter(Boolean);
+      this.failures = 0;
+      this.failingSince = null;
+      this.retryAt = 0;
+      this.refreshedAt = null;
+      this.out = null;
+      this.landed = null;
+      this.status = document.createElement("p");
+      this.status.className = "section-status";
+      this.status.setAttribute("role", "status");
+      this.status.hidden = true;
+      if (before) before.before(this.status);
+      else if (this.cards.length) this.cards[0].prepend(this.status);
+    }
+    due() { return !this.out && (!this.failures || Date.now() >= this.retryAt); }
+    // `request` is under way; its answer (or error) is kept, tagged with `key`, until taken.
+    ask(key, request) {
+      this.out = request.then((value) => ({ key, value }), (error) => ({ key, error }))
+        .then((result) => { this.landed = result; this.out = null; });
+      return this.out;
+    }
+    take() {
+      const result = this.landed;
+      this.landed = null;
+      return result;
+    }
+    // A new subject (another host): what failed for the last one says nothing of this one.
+    reset() {
+      this.failures = 0;
+      this.failingSince = null;
+      this.refreshedAt = null;
+      this.landed = null;
+      this.show();
+    }
+    succeeded() {
+      if (this.failures && !leaving()) console.info(`${this.name}: refreshed again after ${this.failures} failed`);
+      this.failures = 0;
+      this.failingSince = null;
+      this.refreshedAt = Date.now() / 1000;
+      this.show();
+    }
+    failed(error, live) {
+      this.failures += 1;
+      if (this.failingSince === null) this.failingSince = Date.now() / 1000;
+      const delayMs = Math.min(Math.max(live.maxBackoffMs, live.periodMs), live.periodMs * 2 ** this.failures);
+      this.retryAt = Date.now() + delayMs;
+      if (this.failures === 1 && !leaving()) {
+        if (error instanceof ApiError) console.warn(`${this.name}: refresh failed, retrying with a backoff: ${error.message}`);
+        else console.error(error);
+      }
+      this.show(error, delayMs);
+    }
+    show(error, delayMs) {
+      const failing = this.failures > 0;
+      for (const card of this.cards) card.classList.toggle("stale", failing);
+      this.status.hidden = !failing;
+      if (!failing) {
+        this.status.textContent = "";
+        return;
+      }
+      const unreachable = error instanceof ApiError && error.status === 0;
+      const data = this.refreshedAt ? `data from ${fmt.time(this.refreshedAt)}` : "no data yet";
+      this.status.textContent = `${this.name[0].toUpperCase()}${this.name.slice(1)}: `
+        + `${unreachable ? "no answer" : "refresh failed"} since ${fmt.time(this.failingSince)}, `
+        + `retrying in ${Math.round(delayMs / 1000)} s · ${data}: ${error && error.message}`;
+    }
+  }
+
   // The most alerts listed one by one; the rest are counted by kind in a summary that opens onto
   // them. A rack of 500 hosts falling silent listed 500 alerts, 22,000 px above the charts, and
   // replaced them all in an aria-live region every second.
@@ -438,6 +516,8 @@
     return String(s).replace(/&(?:amp|lt|gt|quot|#39);/g, (e) => CHARACTERS[e]);
   }
 
-  // requestTimeoutMs: each request's deadline; a test may shorten it.
-  window.InTune = { requestTimeoutMs: 20000, PALETTE, config, api, all, ApiError, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows, plotlyText, unescapeHtml };
+  // requestTimeoutMs: each request's deadline; sectionWaitMs: how long a refresh waits for its
+  // sections' answers before it shows those that came (the others land for the next); a test
+  // may shorten either.
+  window.InTune = { requestTimeoutMs: 20000, sectionWaitMs: 3000, PALETTE, config, api, all, ApiError, fmt, toDates, layout, draw, Live, Section, renderAlerts, escapeHtml, registerTableExport, toCsv, chartRows, plotlyText, unescapeHtml };
 })();

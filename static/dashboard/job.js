@@ -4,7 +4,7 @@
 // 24 h range costs one large query and then small ones; Plotly's uirevision keeps the zoom.
 (function () {
   "use strict";
-  const { api, all, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, plotlyText, registerTableExport, config, PALETTE } = window.InTune;
+  const { api, ApiError, Section, fmt, toDates, layout, draw, Live, renderAlerts, escapeHtml, plotlyText, registerTableExport, config, PALETTE } = window.InTune;
   const settings = config();
   const job = settings.job;
   const stageNames = settings.stages;
@@ -597,6 +597,7 @@
     if (!hostById(hostId)) hostId = settings.hosts[0].id;
     if (state.hostId === hostId) return;
     Object.assign(state, { hostId, metrics: null, overview: null, allocations: [], decisions: [], sessions: [], audit: [], ticks: 0, formTouched: false });
+    if (sections) for (const part of Object.values(sections)) part.section.reset();
     history.replaceState(null, "", `#host-${hostId}`);
     document.body.dataset.exportPrefix = `${job.name}-${hostById(hostId).name}`;
     $("host-name").textContent = hostById(hostId).name;
@@ -604,48 +605,93 @@
   }
 
   // --- the refresh ----------------------------------------------------------------------------
+  // Each part of the page refreshes from its own request and fails on its own (Section): the
+  // decisions endpoint answering 500, or hanging, leaves the charts, the hosts and the alerts
+  // live. Built once the page has hosts (the cards exist).
+  let sections = null;
+  function buildSections() {
+    const card = (node) => node && node.closest(".card");
+    const chart = (name) => document.querySelector(`[data-chart="${name}"]`);
+    const metricCharts = ["throughput", "idle", "stages", "ranks", "cpu", "memory"].map(chart);
+    return {
+      metrics: { section: new Section("the measurements", [...metricCharts, $("verdict")]), fast: true,
+        request: () => fetchMetrics(), keep: (v) => { state.metrics = v; } },
+      overview: { section: new Section("the host's overview", [card($("override-current"))]), fast: true,
+        request: (h) => api(`/dashboard/api/hosts/${h}/overview/`), keep: (v) => { state.overview = v; } },
+      allocations: { section: new Section("the allocations", [chart("allocation")]), fast: true,
+        request: (h, since) => api(`/dashboard/api/hosts/${h}/allocations/?since=${since.toFixed(3)}`),
+        keep: (v) => { state.allocations = v.allocations; } },
+      hosts: { section: new Section("the hosts", [card($("hosts-table"))]), fast: true,
+        request: () => api(`/dashboard/api/jobs/${job.id}/hosts/`), keep: (v) => renderHostsTable(v.hosts) },
+      alerts: { section: new Section("the alerts", [$("alerts")], { before: $("alerts") }), fast: true,
+        request: () => api(`/dashboard/api/jobs/${job.id}/alerts/`), keep: (v) => renderAlerts($("alerts"), v.alerts) },
+      sessions: { section: new Section("the tuning session", [card($("session-summary"))]),
+        request: (h) => api(`/api/v1/jobs/${job.id}/tuning/?host=${h}`),
+        keep: (v, h) => { state.sessions = v.filter((s) => s.host === h); renderSessions(); } },
+      decisions: { section: new Section("the decisions", [card($("decisions-table")), chart("reward")]),
+        request: (h) => api(`/api/v1/hosts/${h}/decisions/?limit=${MAX_DECISIONS}`),
+        keep: (v) => { state.decisions = v.results || v; renderDecisions(); drawReward(); } },
+      audit: { section: new Section("the audit trail", [card($("audit-table"))]),
+        request: () => api(`/api/v1/audit/?job=${job.id}&limit=50`),
+        keep: (v) => { state.audit = v.results || v; renderAudit(); } },
+    };
+  }
+
+  // Waits for `promises`, but no longer than `ms`: a section still out lands for the next refresh.
+  function settledWithin(promises, ms) {
+    let timer;
+    const bound = new Promise((resolve) => { timer = setTimeout(resolve, ms); });
+    return Promise.race([Promise.allSettled(promises), bound]).finally(() => clearTimeout(timer));
+  }
+
+  // A refresh fails as a whole (the page's own status, its backoff and probe) only when no
+  // section was refreshed, or when an answer means the page can go no further: logged out
+  // (401, 403) or its job or host deleted (404).
+  const ends = (error) => error instanceof ApiError && [401, 403, 404].includes(error.status);
+
   async function tick() {
     const hostId = state.hostId;
     const rangeS = state.rangeS;
+    const key = `${hostId}:${rangeS}`;
     const slow = state.ticks % 2 === 0; // decisions, sessions and the audit trail every other tick
     state.ticks += 1;
     const since = Date.now() / 1000 - state.rangeS;
-    const requests = [
-      fetchMetrics(),
-      api(`/dashboard/api/hosts/${hostId}/overview/`),
-      api(`/dashboard/api/hosts/${hostId}/allocations/?since=${since.toFixed(3)}`),
-      api(`/dashboard/api/jobs/${job.id}/hosts/`),
-      api(`/dashboard/api/jobs/${job.id}/alerts/`),
-    ];
-    if (slow) {
-      requests.push(api(`/api/v1/hosts/${hostId}/decisions/?limit=${MAX_DECISIONS}`), api(`/api/v1/jobs/${job.id}/tuning/?host=${hostId}`), api(`/api/v1/audit/?job=${job.id}&limit=50`));
+    const asked = Object.values(sections).filter((part) => (part.fast || slow) && part.section.due());
+    const out = asked.map((part) => [part, part.section.ask(key, part.request(hostId, since))]);
+    // A failing section's retry is not waited for (a hung endpoint would hold every retry's
+    // refresh for sectionWaitMs): it lands, or fails, for a later refresh.
+    const waited = out.filter(([part]) => !part.section.failures).map(([, request]) => request);
+    await settledWithin(waited, window.InTune.sectionWaitMs);
+    // Answers for another host or range (picked meanwhile) are dropped: the next refresh, asked
+    // for then, shows it.
+    const landed = Object.values(sections).map((part) => [part, part.section.take()])
+      .filter(([, result]) => result && result.key === key);
+    const failed = landed.filter(([, result]) => "error" in result);
+    const stop = failed.find(([, result]) => ends(result.error));
+    if (stop) throw stop[1].error;
+    if (!landed.length) return;
+    if (failed.length === landed.length) throw failed[0][1].error;
+    for (const [part, result] of landed) {
+      if ("error" in result) {
+        part.section.failed(result.error, live);
+        continue;
+      }
+      part.keep(result.value, hostId);
+      part.section.succeeded();
     }
-    const [metrics, overview, allocations, hosts, alerts, decisions, sessions, audit] = await all(requests);
-    // The person picked another host or range meanwhile: the next refresh, asked for then, shows it.
-    if (hostId !== state.hostId || rangeS !== state.rangeS) return;
-    state.metrics = metrics;
-    state.overview = overview;
-    state.allocations = allocations.allocations;
-    if (slow) {
-      state.decisions = decisions.results || decisions;
-      state.sessions = sessions.filter((s) => s.host === hostId);
-      state.audit = audit.results || audit;
-      renderSessions();
-      renderDecisions();
-      renderAudit();
-      drawReward();
+    if (state.overview) renderOverview(state.overview);
+    const metrics = state.metrics;
+    if (metrics) {
+      const overview = state.overview;
+      drawThroughput(metrics, overview);
+      drawIdle(metrics);
+      drawStages(metrics);
+      drawRanks(metrics);
+      drawAllocation(state.allocations, overview, metrics);
+      drawCpu(metrics, overview);
+      drawMemory(metrics, overview);
+      drawVerdict(metrics, overview);
     }
-    renderOverview(overview);
-    renderHostsTable(hosts.hosts);
-    renderAlerts($("alerts"), alerts.alerts);
-    drawThroughput(metrics, overview);
-    drawIdle(metrics);
-    drawStages(metrics);
-    drawRanks(metrics);
-    drawAllocation(state.allocations, overview, metrics);
-    drawCpu(metrics, overview);
-    drawMemory(metrics, overview);
-    drawVerdict(metrics, overview);
     document.body.dataset.refreshedAt = String(Date.now());
   }
 
@@ -658,6 +704,7 @@
     return;
   }
   // Every request of the page is about this job or one of its hosts: a 404 means it was deleted.
+  sections = buildSections();
   const live = new Live(tick, settings.refreshMs || 1000, {
     gone: (error) => (error.status === 404 ? "Deleted: this job or host no longer exists; the figures are the last ones shown." : null),
   });

@@ -687,6 +687,76 @@ def test_a_control_plane_that_goes_away_is_reconnected_to_quietly_and_the_page_r
     page.clear_console_errors()
 
 
+# One endpoint of the job page failing, as the page's own fetch sees it: window.oneFails.mode
+# 'fails' answers 500 to every request whose address holds window.oneFails.part, 'hangs' never
+# answers it (until the page's deadline aborts it, as a real request ends), 'off' passes it on.
+ONE_ENDPOINT_FAILS = """((part) => {
+  if (window.oneFails) { Object.assign(window.oneFails, {part, mode: 'fails', asked: 0}); return true; }
+  const real = window.fetch;
+  const one = window.oneFails = {real, part, mode: 'fails', asked: 0};
+  window.fetch = (url, options = {}) => {
+    if (one.mode === 'off' || !String(url).includes(one.part)) return real(url, options);
+    one.asked += 1;
+    if (one.mode === 'hangs') {
+      return new Promise((_, reject) => {
+        if (options.signal) options.signal.addEventListener('abort', () => {
+          reject(new DOMException('The operation was aborted.', 'AbortError'));
+        });
+      });
+    }
+    return Promise.resolve(new Response('{"detail": "the decisions query failed"}',
+      {status: 500, headers: {'Content-Type': 'application/json'}}));
+  };
+  return true;
+})(PART)"""
+DECISIONS_STALE = (
+    "(c => c.classList.contains('stale') && c.querySelector('.section-status').textContent)"
+    "(document.getElementById('decisions-table').closest('.card'))"
+)
+
+
+def test_an_endpoint_that_fails_or_hangs_leaves_the_rest_of_the_job_page_live(page, plane):
+    """The decisions endpoint answering 500, or not at all: the whole job page stopped
+    refreshing (every chart, the hosts, the alerts), the top saying "Refresh failed". Now the
+    decisions' card says since when it is stale and is asked again with a backoff, while the rest
+    of the page stays live; back, it is refreshed again by itself."""
+    open_job(page, plane)
+    page.clear_console_errors()
+    timeout = page.evaluate("window.InTune.requestTimeoutMs")
+    with short_refresh_period(page):
+        page.evaluate(
+            f"(() => {{ window.live.maxBackoffMs = {TEST_BACKOFF_MS};"
+            " window.InTune.requestTimeoutMs = 1000; return true; })()"
+        )
+        page.evaluate(ONE_ENDPOINT_FAILS.replace("PART", repr("/decisions/")))
+        try:
+            for mode in ("fails", "hangs"):
+                page.evaluate(f"(() => {{ window.oneFails.mode = {mode!r}; return true; }})()")
+                status = page.wait_for(DECISIONS_STALE, 10, what=f"the decisions stale ({mode})")
+                assert "retrying in" in status, status
+                asked = page.evaluate("window.oneFails.asked")
+                before = page.evaluate(REFRESHED_AT)
+                wait_for_refreshes(page, 3, timeout=10)
+                assert page.evaluate(f"{REFRESHED_AT}") > before
+                assert page.evaluate(LIVE_STATUS).startswith("Live"), page.evaluate(LIVE_STATUS)
+                assert not page.evaluate("document.body.classList.contains('stale')")
+                throughput_card = "document.querySelector('[data-chart=throughput]')"
+                assert not page.evaluate(f"{throughput_card}.classList.contains('stale')")
+                # Three refreshes of 250 ms: the decisions asked at most twice more (backoff).
+                assert page.evaluate("window.oneFails.asked") - asked <= 2
+                page.evaluate("(() => { window.oneFails.mode = 'off'; return true; })()")
+                page.wait_for(f"!{DECISIONS_STALE}", TEST_BACKOFF_MS / 1000 + 10,
+                              what="the decisions refreshed again")  # fmt: skip
+        finally:
+            page.evaluate(
+                "(() => { if (window.oneFails) window.fetch = window.oneFails.real;"
+                f" window.InTune.requestTimeoutMs = {int(timeout)}; return true; }})()"
+            )
+    # Told once a run of failures, as a warning: nothing in the console as an error.
+    assert page_errors(page) == [], f"{page.engine}: {page_errors(page)}"
+    page.clear_console_errors()
+
+
 # --- in Chromium --------------------------------------------------------------------------------
 @chromium_only
 def test_an_invalid_override_is_refused_with_the_reason_on_the_page(page, plane):
@@ -983,6 +1053,45 @@ def test_a_job_deleted_while_its_page_is_open_is_said_to_be_gone_and_no_longer_a
         assert page.evaluate("window.requests.made") == 0, "the page went on asking"
     assert page.evaluate("document.querySelector('[data-live-toggle]').disabled")
     assert page.evaluate("document.body.classList.contains('stale')")
+    assert page_errors(page) == [], page_errors(page)
+    page.clear_console_errors()  # Chromium's line for each 404, checked as the browser's
+
+
+@chromium_only
+def test_a_host_deleted_while_it_is_compared_is_said_to_be_gone_and_no_longer_asked_for(
+    page, plane
+):
+    """A compared host's requests answer 404 once it is deleted (with its job): the comparison
+    said "Refresh failed ... Not found." and asked again for as long as it stayed open."""
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": "dlrm-compared", "stages": [{"name": s} for s in STAGES]},
+        {"name": "trainer-compared", "cpus": 4, "memory_mb": 8192},
+    )
+    now = time.time()
+    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    set_viewport(page, LAPTOP)
+    page.goto(f"{plane['url']}/compare/?mode=hosts&a={host_id}&b={plane['host']}&metric=throughput")
+    page.wait_for(
+        "(document.getElementById('chart-compare').data || [])"
+        ".filter(t => t.x.length > 0).length === 2",
+        what="both hosts on the chart",
+    )
+    page.clear_console_errors()
+    with short_refresh_period(page):
+        with stack.client(plane["operator"]["token"]) as api:
+            assert api.delete(f"/api/v1/jobs/{job_id}/").status_code == 204
+        status = page.wait_for(
+            f"(t => t.startsWith('Deleted') && t)({LIVE_STATUS})",
+            10,
+            what="the page saying the host is gone",
+        )
+        assert "dlrm-compared / trainer-compared" in status, status
+        page.evaluate(COUNT_REQUESTS)
+        time.sleep(NO_REFRESH_S * 2)
+        assert page.evaluate("window.requests.made") == 0, "the page went on asking"
+    assert page.evaluate("document.querySelector('[data-live-toggle]').disabled")
     assert page_errors(page) == [], page_errors(page)
     page.clear_console_errors()  # Chromium's line for each 404, checked as the browser's
 
