@@ -104,6 +104,20 @@ def post_samples(stack, host_id: int, token: str, samples: list[dict]) -> None:
         assert answer.status_code == 200, answer.text
 
 
+def job_with_ten_samples(plane, job_name: str, host_name: str) -> tuple[int, int, str]:
+    """A job of the DLRM stages with one host (4 CPUs, 8 GB) and its last 10 s of samples;
+    returns (job id, host id, agent token)."""
+    stack = plane["stack"]
+    job_id, host_id, token = stack.register_job_and_host(
+        plane["operator"]["token"],
+        {"name": job_name, "stages": [{"name": s} for s in STAGES]},
+        {"name": host_name, "cpus": 4, "memory_mb": 8192},
+    )
+    now = time.time()
+    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    return job_id, host_id, token
+
+
 @pytest.fixture(scope="module")
 def plane(live_stack):
     """A job of two hosts: one whose simulated agent reports twice a second, with a tuning session
@@ -1033,13 +1047,7 @@ def test_a_job_deleted_while_its_page_is_open_is_said_to_be_gone_and_no_longer_a
     """Every request of a job's page answers 404 once the job is deleted: the page said "Refresh
     failed ... Not found." and asked again every 15 s for as long as it stayed open."""
     stack = plane["stack"]
-    job_id, host_id, token = stack.register_job_and_host(
-        plane["operator"]["token"],
-        {"name": "dlrm-deleted", "stages": [{"name": s} for s in STAGES]},
-        {"name": "trainer-deleted", "cpus": 4, "memory_mb": 8192},
-    )
-    now = time.time()
-    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    job_id, host_id, token = job_with_ten_samples(plane, "dlrm-deleted", "trainer-deleted")
     open_job(page, plane | {"job_url": f"{stack.url}/jobs/{job_id}/", "host": host_id})
     page.clear_console_errors()
     with short_refresh_period(page):
@@ -1064,13 +1072,7 @@ def test_a_host_deleted_while_it_is_compared_is_said_to_be_gone_and_no_longer_as
     """A compared host's requests answer 404 once it is deleted (with its job): the comparison
     said "Refresh failed ... Not found." and asked again for as long as it stayed open."""
     stack = plane["stack"]
-    job_id, host_id, token = stack.register_job_and_host(
-        plane["operator"]["token"],
-        {"name": "dlrm-compared", "stages": [{"name": s} for s in STAGES]},
-        {"name": "trainer-compared", "cpus": 4, "memory_mb": 8192},
-    )
-    now = time.time()
-    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    job_id, host_id, token = job_with_ten_samples(plane, "dlrm-compared", "trainer-compared")
     set_viewport(page, LAPTOP)
     page.goto(f"{plane['url']}/compare/?mode=hosts&a={host_id}&b={plane['host']}&metric=throughput")
     page.wait_for(
@@ -1101,13 +1103,9 @@ def test_a_job_deleted_while_the_job_list_is_open_is_shown_as_deleted(page, plan
     """The job list showed a deleted job's last figures ("running", its throughput, its
     sparkline) for as long as it stayed open: its row was simply no longer updated."""
     stack = plane["stack"]
-    job_id, host_id, token = stack.register_job_and_host(
-        plane["operator"]["token"],
-        {"name": "dlrm-deleted-from-the-list", "stages": [{"name": s} for s in STAGES]},
-        {"name": "trainer-listed", "cpus": 4, "memory_mb": 8192},
+    job_id, host_id, token = job_with_ten_samples(
+        plane, "dlrm-deleted-from-the-list", "trainer-listed"
     )
-    now = time.time()
-    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
     set_viewport(page, LAPTOP)
     page.goto(f"{stack.url}/")
     row = f"document.querySelector(\"tr[data-job-id='{job_id}']\")"
@@ -1209,13 +1207,7 @@ def test_a_job_named_in_html_shows_its_name_as_typed_on_the_charts_and_puts_no_l
     that opens example.com of a job named '<a href="https://example.com/">…</a>', for everyone
     who compares its hosts, and "<team>" vanished from the name."""
     stack = plane["stack"]
-    job_id, host_id, token = stack.register_job_and_host(
-        plane["operator"]["token"],
-        {"name": HOSTILE_JOB_NAME, "stages": [{"name": s} for s in STAGES]},
-        {"name": "trainer-hostile", "cpus": 4, "memory_mb": 8192},
-    )
-    now = time.time()
-    post_samples(stack, host_id, token, [protocol_sample(i + 1, now - 10 + i) for i in range(10)])
+    job_id, host_id, token = job_with_ten_samples(plane, HOSTILE_JOB_NAME, "trainer-hostile")
     set_viewport(page, LAPTOP)
     page.goto(f"{stack.url}/compare/?mode=hosts&a={host_id}&b={plane['host']}&metric=throughput")
     page.wait_for(
