@@ -7,7 +7,6 @@ refused with the reason, and training goes on. Before, such a loader sent nothin
 job showed no host data. Every part real (web server, Celery worker, Redis, the database, the
 script's torch workers, the agent); every wait bounded."""
 
-import json
 import sys
 import textwrap
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import start_under_intune_run, wait_showing_log
+from tests.support.processes import json_lines, under_intune_run, wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -63,11 +62,10 @@ def test_a_stream_read_by_several_workers_is_observed_and_keeps_its_workers(
     job_id, host_id, token = plane.register(["read+collate"], cpus=2, worker_budget=4)
     (tmp_path / "train.py").write_text(SCRIPT)
     stop = tmp_path / "stop"
-    run, log_path = start_under_intune_run(
+    with under_intune_run(
         [INTUNE_RUN, "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
-        plane, host_id, token, tmp_path, ROOT,
-    )  # fmt: skip
-    try:
+        plane, host_id, token, tmp_path, ROOT, stop,
+    ) as (run, log_path):  # fmt: skip
         with plane.stack.client(plane.api_token) as api:
 
             def metrics():
@@ -97,13 +95,7 @@ def test_a_stream_read_by_several_workers_is_observed_and_keeps_its_workers(
 
             allocation = wait_showing_log(refused, 60, log_path, "the override's refusal")
             assert "keeps its num_workers=2 workers" in allocation["refusal_reason"]
-        stop.touch()
-        assert run.wait(timeout=90) == 0, log_path.read_text()[-3000:]
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait(timeout=30)
-    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    lines = json_lines(log_path)
     shown, done = lines[0], lines[-1]
     assert "agents.torch.observed.DataLoader" not in shown["train"]  # named as torch's
     assert shown["train"][0] == "torch.utils.data.dataloader.DataLoader"

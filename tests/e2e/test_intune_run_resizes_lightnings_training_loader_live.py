@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import start_under_intune_run, wait_showing_log
+from tests.support.processes import under_intune_run, wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -91,11 +91,10 @@ def test_an_override_resizes_the_training_loader_of_a_lightning_script(
     job_id, host_id, token = plane.register(["fetch+collate"], cpus=2, worker_budget=4)
     (tmp_path / "train.py").write_text(SCRIPT)
     stop = tmp_path / "stop"
-    run, log_path = start_under_intune_run(
+    with under_intune_run(
         [*_intune_run(), "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
-        plane, host_id, token, tmp_path, ROOT,
-    )  # fmt: skip
-    try:
+        plane, host_id, token, tmp_path, ROOT, stop,
+    ) as (run, log_path):  # fmt: skip
         with plane.stack.client(plane.api_token) as api:
 
             def workers():
@@ -120,12 +119,6 @@ def test_an_override_resizes_the_training_loader_of_a_lightning_script(
                 return any(json.loads(line).get("train") == {"fetch+collate": 3} for line in lines)
 
             wait_showing_log(resized, 60, log_path, "the training loader at 3 workers")
-        stop.touch()
-        assert run.wait(timeout=90) == 0, log_path.read_text()[-3000:]
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait(timeout=30)
     text = log_path.read_text()
     assert '{"done": true}' in text, text[-3000:]
     assert "moving the tuning to DataLoader #1 (50 batches" in text

@@ -10,7 +10,6 @@ process; a ``sitecustomize`` the environment had still runs; a Python process of
 that never imports torch never imports it. Every wait is bounded.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import start_under_intune_run, wait_showing_log
+from tests.support.processes import json_lines, under_intune_run, wait_showing_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -72,11 +71,10 @@ def test_an_unchanged_script_is_tuned_and_keeps_its_batches(live_control_plane, 
     user_site.mkdir()
     (user_site / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
     stop = tmp_path / "stop"
-    run, log_path = start_under_intune_run(
+    with under_intune_run(
         [INTUNE_RUN, "--", sys.executable, str(tmp_path / "train.py"), str(stop), "150"],
-        plane, host_id, token, tmp_path, f"{user_site}{os.pathsep}{ROOT}",
-    )  # fmt: skip
-    try:
+        plane, host_id, token, tmp_path, f"{user_site}{os.pathsep}{ROOT}", stop,
+    ) as (run, log_path):  # fmt: skip
         with plane.stack.client(plane.api_token) as api:
 
             def reported():
@@ -100,13 +98,7 @@ def test_an_unchanged_script_is_tuned_and_keeps_its_batches(live_control_plane, 
             wait_showing_log(resized, 60, log_path, "the loader at 3 workers")
             allocation = api.get(f"/api/v1/hosts/{host_id}/").json()["allocation"]
             assert allocation["status"] == "applied", allocation
-        stop.touch()
-        assert run.wait(timeout=90) == 0, log_path.read_text()[-3000:]
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait(timeout=30)
-    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    lines = json_lines(log_path)
     shown, done = lines[0], lines[-1]
     assert "agents.torch.loader.DataLoader" in shown["train"]
     assert "torch.utils.data.dataloader.DataLoader" in shown["train"]  # torch's, as its base

@@ -3,11 +3,12 @@ process does that fail with the tail of its log."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,38 @@ def wait_showing_log(condition: Callable[[], Any], timeout_s: float, log_path: P
         return wait_until(condition, timeout_s, interval=0.5, what=what)
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{log_path.read_text()[-3000:]}") from exc
+
+
+@contextlib.contextmanager
+def under_intune_run(
+    command: list[str],
+    plane: Any,
+    host_id: int,
+    token: str,
+    cwd: Path,
+    pythonpath: Any,
+    stop: Path,
+) -> Iterator[tuple[Any, Path]]:
+    """``start_under_intune_run``, for a ``with`` block: yields the process and its log's path;
+    leaving the block without an error touches ``stop`` (the script's signal to end) and expects
+    the command to exit 0 within 90 s; the process is killed, if it still runs, whatever
+    happened."""
+    run, log_path = start_under_intune_run(command, plane, host_id, token, cwd, pythonpath)
+    try:
+        yield run, log_path
+        stop.touch()
+        assert run.wait(timeout=90) == 0, log_path.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+
+
+def json_lines(log_path: Path) -> list[dict]:
+    """The lines of a log that are JSON objects (what a test's script printed), in order."""
+    import json
+
+    return [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
 
 
 def start_under_intune_run(
