@@ -159,10 +159,51 @@ def _stop_running() -> None:
         join_unless_current(thread, max(0.0, deadline - time.monotonic()))
 
 
-def _anonymous(memory: Any) -> float:
-    """A process's resident memory less its pages of files and shared memory (Linux's statm
-    ``shared``; the whole resident set where the system does not say)."""
+def anonymous_memory(memory: Any) -> float:
+    """A process's resident memory (``psutil``'s ``memory_info()``) less its pages of files and
+    shared memory (Linux's statm ``shared``; the whole resident set where the system does not
+    say): what a worker holds of its own once what it inherited is taken off."""
     return float(memory.rss - getattr(memory, "shared", 0))
+
+
+Readings = dict[tuple[str, int], tuple[float, float]]
+
+
+def _runqueue_or_before(seen: Readings, key: tuple[str, int], seconds: float | None) -> float:
+    # Not said this time: no growth, rather than all of it at the next reading.
+    return seen.get(key, (0.0, 0.0))[1] if seconds is None else seconds
+
+
+def process_readings(
+    processes: Iterable[psutil.Process], seen: Readings, inherited: float
+) -> tuple[Readings, float]:
+    """Each process's CPU seconds and run-queue seconds now, keyed ``("p", pid)`` (``seen``:
+    the previous readings), and the memory they hold of their own, in bytes: each one's
+    anonymous memory less ``inherited``, what it maps of the process it was forked from. A
+    process gone meanwhile is left out."""
+    current: Readings = {}
+    rss = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            rss += max(0.0, anonymous_memory(process.memory_info()) - inherited)
+        except psutil.Error:
+            continue
+        key = ("p", process.pid)
+        delay = _runqueue_or_before(seen, key, process_runqueue_seconds(process.pid))
+        current[key] = (times.user + times.system, delay)
+    return current, rss
+
+
+def usage_since(seen: Readings, current: Readings) -> tuple[float, float]:
+    """CPU and run-queue seconds from the readings ``seen`` to ``current``; a worker not seen
+    before started since: all its time is new."""
+    cpu_s = runqueue_s = 0.0
+    for key, (cpu, runqueue) in current.items():
+        cpu_before, runqueue_before = seen.get(key, (0.0, 0.0))
+        cpu_s += cpu - cpu_before
+        runqueue_s += runqueue - runqueue_before
+    return max(cpu_s, 0.0), max(runqueue_s, 0.0)
 
 
 class Pipeline:
@@ -1094,37 +1135,21 @@ class Pipeline:
         say), and the memory the stage's workers hold of their own now: each process worker's
         resident set less ``inherited``, what it shares with the launcher it was forked from
         (:meth:`_inherited_rss`)."""
-        rss = 0.0
         seen = self._usage_seen.get(pool.stage.name, {})
-        current: dict[tuple[str, int], tuple[float, float]] = {}
-
-        def runqueue(key: tuple[str, int], seconds: float | None) -> float:
-            # Not said this time: no growth, rather than all of it at the next reading.
-            return seen.get(key, (0.0, 0.0))[1] if seconds is None else seconds
-
+        rss = 0.0
         if pool.stage.kind == "process":
-            for process in pool.processes():
-                try:
-                    times = process.cpu_times()
-                    rss += max(0.0, _anonymous(process.memory_info()) - inherited)
-                except psutil.Error:
-                    continue
-                key = ("p", process.pid)
-                delay = runqueue(key, process_runqueue_seconds(process.pid))
-                current[key] = (times.user + times.system, delay)
+            current, rss = process_readings(pool.processes(), seen, inherited)
         else:
+            current = {}
             for tid in pool.thread_ids():
                 if tid in thread_cpu:
                     key = ("t", tid)
-                    current[key] = (thread_cpu[tid], runqueue(key, thread_runqueue_seconds(tid)))
+                    delay = _runqueue_or_before(seen, key, thread_runqueue_seconds(tid))
+                    current[key] = (thread_cpu[tid], delay)
         # A worker gone since the last call takes its own along.
         self._usage_seen[pool.stage.name] = current
-        cpu_s = runqueue_s = 0.0
-        for key, (cpu, runqueue) in current.items():
-            cpu_before, runqueue_before = seen.get(key, (0.0, 0.0))
-            cpu_s += cpu - cpu_before
-            runqueue_s += runqueue - runqueue_before
-        return max(cpu_s, 0.0), max(runqueue_s, 0.0), rss
+        cpu_s, runqueue_s = usage_since(seen, current)
+        return cpu_s, runqueue_s, rss
 
     def _inherited_rss(self) -> float:
         """The launcher's resident anonymous memory: what every process worker maps from its
@@ -1152,7 +1177,7 @@ class Pipeline:
                 process = self._launcher_process = psutil.Process(zygote.pid)
             memory = process.memory_info()
             if memory.rss > 0:  # 0: a launcher that died and is not reaped yet (a zombie)
-                self._launcher_rss = _anonymous(memory)
+                self._launcher_rss = anonymous_memory(memory)
         except psutil.Error:
             pass
         return self._launcher_rss

@@ -32,7 +32,7 @@ import torch
 import torch.utils.data
 
 from agents.pipeline.errors import AllocationError
-from agents.pipeline.schedstat import process_runqueue_seconds
+from agents.pipeline.pipeline import Readings, anonymous_memory, process_readings, usage_since
 from agents.torch.loader import _ConsumerStats
 
 #: The one stage an observed loader reports: torch's workers read and collate.
@@ -175,7 +175,8 @@ class _Observation:
         self._lock = threading.Lock()
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._inherited = 0.0  # the training process's anonymous memory when workers forked
-        self._seen: dict[int, tuple[psutil.Process, float, float]] = {}
+        self._seen: Readings = {}  # the workers' last CPU and run-queue readings
+        self._processes: dict[int, psutil.Process] = {}
         self._metrics_at = time.monotonic()
         self._batches_since_row = 0
         self._stats = _ConsumerStats()  # the training loop's, as agents.torch.DataLoader's
@@ -190,8 +191,7 @@ class _Observation:
                 return
             self._iterators.add(iterator)
         with contextlib.suppress(psutil.Error):
-            memory = psutil.Process().memory_info()
-            self._inherited = float(memory.rss - getattr(memory, "shared", 0))
+            self._inherited = anonymous_memory(psutil.Process().memory_info())
 
     def waiting(self) -> None:
         self._stats.waiting()
@@ -241,24 +241,16 @@ class _Observation:
             wall = max(now - self._metrics_at, 1e-9)
             self._metrics_at = now
             batches, self._batches_since_row = self._batches_since_row, 0
-        cpu_s = runqueue_s = rss = 0.0
-        seen = {}
+        processes = []
         for pid in self._worker_pids():
             try:
-                process = self._seen[pid][0] if pid in self._seen else psutil.Process(pid)
-                times = process.cpu_times()
-                memory = process.memory_info()
+                processes.append(self._processes.get(pid) or psutil.Process(pid))
             except psutil.Error:
                 continue
-            cpu = times.user + times.system
-            delay = process_runqueue_seconds(pid)
-            # A worker not seen before started since the last reading: all its time is new.
-            _, cpu_before, delay_before = self._seen.get(pid, (process, 0.0, 0.0))
-            cpu_s += max(0.0, cpu - cpu_before)
-            runqueue_s += max(0.0, (delay or delay_before) - delay_before)
-            rss += max(0.0, float(memory.rss - getattr(memory, "shared", 0)) - self._inherited)
-            seen[pid] = (process, cpu, delay if delay is not None else delay_before)
-        self._seen = seen
+        self._processes = {process.pid: process for process in processes}
+        current, rss = process_readings(processes, self._seen, self._inherited)
+        cpu_s, runqueue_s = usage_since(self._seen, current)
+        self._seen = current
         queue = max(1, (getattr(loader, "prefetch_factor", None) or 2) * max(1, workers))
         busy = (cpu_s + runqueue_s) / wall / workers if workers else 0.0
         return {
